@@ -132,6 +132,7 @@ class ModeController:
         self._step_start_s = None
         self._stop_timing()  # a timed step that ran no batch
         seen = len(self.transitions)
+        self.switcher.release_step()  # a piece of the merged weights an unmerge dropped
         try:
             self._transition()
         finally:  # the step that follows is timed from here, after any transition

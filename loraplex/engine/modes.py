@@ -26,6 +26,7 @@ from loraplex.clock import Clock
 from loraplex.engine.merge_holds import MergeHolds
 from loraplex.engine.runner import ModelRunner
 from loraplex.model.adapter_weights import AdapterWeights
+from loraplex.model.buffers import ARENA_RELEASE_BYTES
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.merge import (
     MergedLoraApplier,
@@ -212,7 +213,7 @@ class ModeSwitcher:
             raise MergeStateError("nothing is merged; expected a merge before an unmerge")
         with self.runner.slot_lock:
             start = self.clock.now()
-            self._merger.unmerge()
+            self._merger.unmerge(release_now=False)  # freed by pieces: ``release_step``
             self.runner.lora = self.pool
             self._negative.clear(0)
             seconds = self._finish(start)
@@ -220,6 +221,11 @@ class ModeSwitcher:
         self.holds.unmerged()
         lease.release()
         return self._report(Transition(TransitionKind.UNMERGE, revision, seconds))
+
+    def release_step(self) -> int:
+        """Free the next ``ARENA_RELEASE_BYTES`` of the arenas of merged weights an unmerge or
+        an abandon dropped (the caller is between steps); the bytes freed."""
+        return self._merger.releases.step(ARENA_RELEASE_BYTES)
 
     def _finish(self, start: float) -> float:
         if self.pool.device.type == "cuda":

@@ -24,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
+import sys
+from collections import deque
 from functools import lru_cache
 
 import torch
@@ -99,6 +101,71 @@ def advise_huge_pages(mapping: mmap.mmap) -> None:
     if advice is not None:
         with contextlib.suppress(OSError):  # a kernel without transparent huge pages
             mapping.madvise(advice)
+
+
+# What one step boundary frees of dropped arenas (``ArenaReleases.step``): 32 MiB, 8,192 pages
+# (the large preset's 350 MiB arena freed at once took 23-37 ms on a shared 2-core Zen 4: about
+# 2-3.4 ms a piece there, and its arena gone in 11 boundaries)
+ARENA_RELEASE_BYTES = 32 << 20
+# ``sys.getrefcount`` of a queued arena no tensor is made on: the deque's and the call's own
+_QUEUED_REFS = 2
+
+
+class ArenaReleases:
+    """Arenas (:func:`arena_mapping`) whose tensors are gone, freed a bounded piece at a time.
+
+    Freeing an arena at once, when its last tensor goes, returns every page of it in one call:
+    the large preset's merged weights (about 350 MiB on 4 KiB pages) took 23-37 ms, and an
+    unmerge, which drops them inside the slot lock, held the steps that long (1.2-1.4 ms when
+    they were buffers of their own on huge pages; docs/modes.md, "The arena at request level").
+    Held here instead, an arena is freed ``budget_bytes`` at a time by :meth:`step`, which the
+    engine calls at each step boundary (``MADV_DONTNEED`` over the piece: its pages go, the
+    mapping stays), then unmapped (nothing left in it). An arena is touched only once no tensor
+    is made on it any more: each tensor holds a reference to the mapping (``torch.frombuffer``),
+    so while the mapping has more references than this queue's, some tensor still reads it and
+    the arena waits (a stale reference never sees its memory zeroed under it).
+    """
+
+    def __init__(self) -> None:
+        self._pending: deque[mmap.mmap] = deque()
+        self._offset = 0  # bytes of the first pending arena freed so far
+
+    def add(self, mapping: mmap.mmap) -> None:
+        """Free ``mapping`` by pieces once no tensor is made on it (the caller drops its own
+        references to it)."""
+        self._pending.append(mapping)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the arenas not yet freed (mapped; those never written hold no memory)."""
+        return sum(len(m) for m in self._pending) - self._offset
+
+    def step(self, budget_bytes: int) -> int:
+        """Free up to ``budget_bytes`` (rounded to whole pages) of the arenas no tensor uses, in
+        the order they came; the bytes freed (0: none, or the first is still in use)."""
+        freed = 0
+        while self._pending and freed < budget_bytes:
+            # a tensor made on it holds a reference beyond the deque's (and getrefcount's own)
+            if sys.getrefcount(self._pending[0]) > _QUEUED_REFS:
+                break
+            mapping = self._pending[0]
+            size = len(mapping)
+            pages = -(-(budget_bytes - freed) // mmap.PAGESIZE)
+            piece = min(size - self._offset, pages * mmap.PAGESIZE)
+            if piece > 0:
+                with contextlib.suppress(OSError, AttributeError):  # no madvise: unmapped whole
+                    mapping.madvise(mmap.MADV_DONTNEED, self._offset, piece)
+                self._offset += piece
+                freed += piece
+            if self._offset >= size:
+                self._pending.popleft()
+                self._offset = 0
+                mapping.close()
+        return freed
+
+    def drain(self) -> int:
+        """Free every arena no tensor uses now (a caller with no steps to spread it over)."""
+        return self.step(self.pending_bytes)
 
 
 def arena_tensor(

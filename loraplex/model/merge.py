@@ -45,6 +45,7 @@ import torch
 
 from loraplex.errors import LoraplexError
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
+from loraplex.model.buffers import ArenaReleases
 from loraplex.model.layers import Linear
 from loraplex.model.llama import LlamaModel
 from loraplex.model.lora import LoraSlotPool
@@ -115,6 +116,9 @@ class WeightMerger:
         self._digest: str | None = None
         self._backup: dict[tuple[int, str], torch.Tensor] = {}  # in place: host copies of W
         self._swapped: StagedWeights | None = None  # staged: the weights swapped in
+        # arenas of dropped merged weights, freed by pieces: the engine's ``release_step`` at
+        # each step boundary, ``releases.drain()`` where no steps follow
+        self.releases = ArenaReleases()
         # (layer, module) -> max |W| of the base weights (they come back bit for bit: read once)
         self._base_largest: dict[tuple[int, str], float] = {}
 
@@ -135,6 +139,7 @@ class WeightMerger:
             functools.partial(linear_of, self.model),
             functools.partial(self._refuse_swamping, weights.digest),
             self.clock,
+            releases=self.releases,
         )
 
     def commit(self, staging: MergeStaging) -> None:
@@ -172,17 +177,25 @@ class WeightMerger:
         self._backup = backup
         self._digest = weights.digest
 
-    def unmerge(self) -> None:
-        """Put back the original weights of every module the merge touched."""
+    def unmerge(self, *, release_now: bool = True) -> None:
+        """Put back the original weights of every module the merge touched. ``release_now``
+        False: the merged weights' arena is left to ``releases`` (the engine frees it by pieces
+        between steps); else it is freed before this returns, as their own buffers were."""
         if self._digest is None:
             raise MergeStateError("nothing is merged; expected a merge before an unmerge")
         if self._swapped is not None:
             self._swapped.swap_out()
+            if self._swapped.arena is not None:  # NOTE: freed at once, it held the engine's
+                self.releases.add(self._swapped.arena)  # steps 23-37 ms (large preset)
         else:
             with torch.no_grad():
                 self._restore(self._backup)
+        # the merged weights go (if nothing holds them); NOTE: no local may hold the arena past
+        # here, or the releases read it as in use
         self._backup, self._swapped = {}, None
         self._digest = None
+        if release_now:
+            self.releases.drain()
 
     def _check_unmerged(self, weights: AdapterWeights) -> None:
         if self._digest is not None:

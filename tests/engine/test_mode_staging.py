@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.clock import ManualClock
 from loraplex.demo.assets import DemoAssets
+from loraplex.engine import modes
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.factory import AdapterRuntimeConfig, build_adapter_runtime, build_engine_core
 from loraplex.engine.mode_control import ModeController, ref_of
@@ -258,3 +259,44 @@ def test_the_engine_config_budget_reaches_the_controller(
         EngineConfig(mode="auto", merge_step_budget_s=0)
     with pytest.raises(ValueError, match=r"^merge_step_budget_s 0\.03 is set while mode is unm"):
         EngineConfig(merge_step_budget_s=0.03)
+
+
+def test_an_unmerge_leaves_the_arena_to_the_boundaries_after_it(
+    engine: OfflineEngine,
+    demo_assets: DemoAssets,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The unmerge frees none of the merged weights' arena inside the slot lock (freed at once,
+    the large preset's held the steps 23-37 ms, 1.2-1.4 ms before the arena); each step boundary
+    after it (``ModeController.before_step``) frees at most ``ARENA_RELEASE_BYTES``, and the
+    requests in flight get the same greedy tokens."""
+    budget = 2 << 20  # the small preset's arena (about 13 MiB) in 7 boundaries
+    monkeypatch.setattr(modes, "ARENA_RELEASE_BYTES", budget)
+    hot = demo_assets.adapter("acme", "billing", "r1")
+    batch = [OfflineRequest(hot.probe_prompt, hot.path, GREEDY)]
+    want = [r.token_ids for r in engine.generate(batch)]
+    switcher = ModeSwitcher(engine.core.runner, engine.runtime.pool, clock)
+    control = ModeController(ModeSetting.parse("auto"), switcher, engine.runtime.cache, clock,
+                             policy=POLICY)  # fmt: skip
+    releases = switcher._merger.releases
+    key = engine.adapter_key(hot.path)
+    pending: list[int] = []
+
+    def between_steps(step: int) -> None:
+        if step == 1:
+            lease = engine.runtime.cache.acquire_future(key).result(60)
+            switcher.merge("acme/billing@r1", lease)
+        elif step == 3:
+            switcher.unmerge()
+            pending.append(releases.pending_bytes)
+        elif step > 3:
+            control.before_step()  # what the engine runs at each boundary
+            pending.append(releases.pending_bytes)
+
+    got = [r.token_ids for r in engine.generate(batch, between_steps)]
+    assert got == want
+    assert pending[0] > 4 * budget  # the unmerge freed nothing of it
+    freed = [a - b for a, b in itertools.pairwise(pending)]
+    assert all(0 <= piece <= budget for piece in freed) and pending[-1] == 0
+    control.close()

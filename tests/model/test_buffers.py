@@ -6,7 +6,9 @@ same writes as ``copy_`` / ``zero_``, in pieces no larger than the limit."""
 from __future__ import annotations
 
 import math
+import mmap
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,9 @@ from tiny_models import vm_flags
 from loraplex.model import buffers
 from loraplex.model.buffers import (
     HUGE_PAGE_BYTES,
+    ArenaReleases,
+    arena_mapping,
+    arena_tensor,
     serial_copy,
     serial_pieces,
     serial_zero,
@@ -120,3 +125,28 @@ def test_serial_copy_and_zero_write_a_strided_view_exactly(
     serial_zero(stack[:, 1:4])
     want[:, 1:4] = 0
     assert torch.equal(stack, want)
+
+
+def test_arena_releases_free_a_dropped_arena_by_pieces_and_never_one_in_use() -> None:
+    mapping, _ = arena_mapping(4 * mmap.PAGESIZE, huge_pages=False)
+    size = len(mapping)
+    tensor = arena_tensor(mapping, 0, (size,), torch.uint8)
+    tensor.fill_(7)
+    releases = ArenaReleases()
+    releases.add(mapping)
+    gone = weakref.ref(mapping)
+    del mapping  # the queue's alone now, but for the tensors made on it
+    assert releases.step(1 << 30) == 0 and releases.pending_bytes == size  # in use
+    view = tensor[:8]
+    del tensor
+    assert releases.step(1 << 30) == 0  # a view still reads it
+    del view
+    # one page (a budget rounds up to whole pages): that page reads zeros, the rest is intact
+    assert releases.step(1) == mmap.PAGESIZE
+    queued = releases._pending[0]
+    assert queued[: mmap.PAGESIZE] == bytes(mmap.PAGESIZE)
+    assert queued[mmap.PAGESIZE : mmap.PAGESIZE + 4] == bytes([7] * 4)
+    del queued
+    assert releases.pending_bytes == size - mmap.PAGESIZE
+    assert releases.drain() == size - mmap.PAGESIZE
+    assert gone() is None and releases.pending_bytes == 0 and releases.step(1 << 30) == 0

@@ -25,6 +25,7 @@ from loraplex.engine.mode_policy import (
     TokenWindow,
     decide,
 )
+from loraplex.model.buffers import ARENA_RELEASE_BYTES
 from loraplex.model.llama import LoraApplier
 from loraplex.model.lora import OpTimer
 from loraplex.model.staged_merge import MergeStaging
@@ -70,6 +71,8 @@ class AutoMode:
         return decide(ref, since, self.window.share(now), costs, self.config)
 
     def _decide(self, now: float) -> None:
+        # as the engine's ModeController.before_step: a piece of an unmerged arena first
+        self.setup.merger.releases.step(ARENA_RELEASE_BYTES)
         if self._staging is not None:
             self._stage(now, *self._staging)
             return
@@ -79,7 +82,7 @@ class AutoMode:
             return
         if self.merged is not None:
             start = time.perf_counter()
-            self.setup.unmerge()
+            self.setup.unmerge(release_now=False)  # freed by pieces at the next boundaries
             self.stalls_ms.append((time.perf_counter() - start) * 1000)
             self.merged, self.applier = None, self.setup.pool
             self.transitions += 1

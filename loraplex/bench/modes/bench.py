@@ -83,7 +83,8 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
         probes(setup, parity)
         num_probes = parity.compared - len(parity.accepted)
         commits: list[float] = []
-        merges, unmerges = transition_ms(setup, commits)
+        releases: list[float] = []
+        merges, unmerges = transition_ms(setup, commits, releases)
         merged = setup.merge(HOT)
         try:
             single_tps, single_paired = single_figures(setup, merged)
@@ -151,6 +152,10 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             "merge_commit_ms_p50": pct(commits, 0.5),
             "merge_commit_ms_p99": pct(commits, 0.99),
             "unmerge_ms_p99": pct(unmerges, 0.99),
+            # freeing the merged weights' arena after an unmerge: not a stall, the engine
+            # frees it ``ARENA_RELEASE_BYTES`` per step boundary (buffers.ArenaReleases)
+            "unmerge_release_ms_p50": pct(releases, 0.5),
+            "unmerge_release_ms_p99": pct(releases, 0.99),
             "mode_flaps_per_min": flaps_per_min(costs, 10, rng),
             "probes_identical": num_probes,
             "parity": parity.describe(),

@@ -135,10 +135,12 @@ def prefill_figures(setup: Setup, skewed: list[int | None]) -> dict[str, object]
 
 
 def transition_ms(
-    setup: Setup, commits: list[float] | None = None
+    setup: Setup, commits: list[float] | None = None, releases: list[float] | None = None
 ) -> tuple[list[float], list[float]]:
-    """Each merge's ms (staged whole, then committed) and each unmerge's; ``commits``, when
-    given, gets each merge's commit alone (what the steps wait for; the rest is staging)."""
+    """Each merge's ms (staged whole, then committed) and each unmerge's (what the steps wait
+    for); ``commits``, when given, gets each merge's commit alone (what the steps wait for; the
+    rest is staging), ``releases`` each unmerge's freeing of the merged weights' arena after it
+    (the engine spreads it over the step boundaries that follow, ``ARENA_RELEASE_BYTES`` each)."""
     merges, unmerges = [], []
     for _ in range(setup.config.num_transitions):
         start = time.perf_counter()
@@ -150,8 +152,12 @@ def transition_ms(
         if commits is not None:
             commits.append((time.perf_counter() - staged) * 1000)
         start = time.perf_counter()
-        setup.unmerge()
+        setup.unmerge(release_now=False)
         unmerges.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        setup.merger.releases.drain()
+        if releases is not None:
+            releases.append((time.perf_counter() - start) * 1000)
     return merges, unmerges
 
 

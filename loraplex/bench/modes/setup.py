@@ -150,8 +150,10 @@ class Setup:
         staging.abandon()
         self.negative.clear(0)
 
-    def unmerge(self) -> None:
-        self.merger.unmerge()
+    def unmerge(self, *, release_now: bool = True) -> None:
+        """``release_now`` False: the merged weights' arena is left to ``merger.releases`` (the
+        caller frees it, as the engine does by pieces between steps)."""
+        self.merger.unmerge(release_now=release_now)
         self.negative.clear(0)
 
 
