@@ -194,7 +194,8 @@ class EngineCore:
         """Carry a step's result: failed requests retired, the scheduler updated, tokens sent."""
         if self._num_traced:  # NOTE: before any retire below: every chunk ran
             trace_batches(self._live, plan, self.clock, self.runner.last_strategy)
-        keys = {c.request_id: self._live[c.request_id].req.request.adapter_key for c in plan.chunks}
+        reqs = {c.request_id: self._live[c.request_id].req for c in plan.chunks}
+        keys = {rid: req.request.adapter_key for rid, req in reqs.items()}
         for request_id, reason in result.failed.items():
             model_fault = request_id not in result.request_faults
             error = GenerationError(request_id, reason, model_fault=model_fault)
@@ -207,7 +208,7 @@ class EngineCore:
                 owed.update({first + i: entry for i, entry in enumerate(part.entries)})
         self.scheduler.update(plan, result)
         if self.modes is not None:
-            self.modes.after_step(plan, keys)
+            self.modes.after_step(plan, keys, {rid: req.tenant for rid, req in reqs.items()})
         for request_id, token in result.sampled.items():
             self._emit(self._live[request_id], token, result.logprobs.get(request_id))
 

@@ -19,6 +19,13 @@ between steps, merges, unmerges or switches through :class:`~loraplex.engine.mod
   ``min_measured_steps`` unmerged steps were timed, and once merged steps are measured slower
   than unmerged steps of the same size, auto unmerges and stays unmerged for ``veto_s``.
 
+``auto``'s lease on the revision it merges names the tenant whose requests carried most of that
+revision's tokens in the window (``payer``): a load it starts is charged to that tenant, as the
+lease desk's ask of one of its requests would be; ``merged:<ref>`` and a fleet's dedication are
+the operator's choice and name no tenant (the owner is charged). NOTE: ``auto`` merges what the
+traffic makes hot, and a caller of another tenant's public adapter makes it hot: naming no tenant
+there charged the owner for the caller's copy, held by the merge's lease (attack26).
+
 A revision whose merge was refused (``ModeSwitcher.refused``: its delta would swamp the base
 weights) is never asked for again, in any mode: no lease, no transition, no flapping.
 """
@@ -88,6 +95,8 @@ class ModeController:
         # the prior until measured (LoraCostMeter)
         self.lora_cost = LoraCostMeter(lora_s_per_token, min_samples=self.policy.min_measured_steps)
         self.window = TokenWindow(self.policy.window_s, clock.now())
+        # the same tokens per (revision, tenant), labelled ``payer_label``: whose traffic it is
+        self.payers = TokenWindow(self.policy.window_s, clock.now())
         self.transitions: list[Transition] = []
         self._keys: dict[str, AdapterKey] = {}  # ref -> key of revisions seen in steps
         self._pending: Future[Lease] | None = None  # lease asked for the revision to merge
@@ -104,8 +113,14 @@ class ModeController:
         """``view`` carrying this engine's mode report (to /metrics, admin guards, routers)."""
         return replace(view, mode=self.report)
 
-    def after_step(self, plan: StepPlan, keys: Mapping[str, AdapterKey | None]) -> None:
-        """Count the step's tokens; ``keys``: request id -> its revision (None: base model)."""
+    def after_step(
+        self,
+        plan: StepPlan,
+        keys: Mapping[str, AdapterKey | None],
+        tenants: Mapping[str, str] | None = None,
+    ) -> None:
+        """Count the step's tokens; ``keys``: request id -> its revision (None: base model);
+        ``tenants``: request id -> its tenant (None: not known, the owner pays a merge)."""
         now = self.clock.now()
         if self._step_start_s is not None:
             merged = self.switcher.merged_revision is not None
@@ -120,6 +135,9 @@ class ModeController:
                 self._keys[ref] = key
                 lora_tokens += len(chunk.token_ids)
             self.window.record(now, ref, len(chunk.token_ids))
+            tenant = None if tenants is None else tenants.get(chunk.request_id)
+            if ref is not None and tenant is not None:
+                self.payers.record(now, payer_label(ref, tenant), len(chunk.token_ids))
         timer = self._stop_timing()
         if timer is not None:
             self.lora_cost.record(timer.seconds, lora_tokens)
@@ -180,7 +198,7 @@ class ModeController:
         if got.action in (Action.UNMERGE, Action.SWITCH):
             self._record(self.switcher.unmerge())
         if got.action in (Action.MERGE, Action.SWITCH) and got.revision is not None:
-            self._ask(got.revision)
+            self._ask(got.revision, self.payer(got.revision))
 
     def _decide(self, merged: str | None, since: float | None) -> ModeDecision:
         now = self.clock.now()
@@ -241,8 +259,22 @@ class ModeController:
         if self.switcher.merged_revision is not None:
             self._record(self.switcher.unmerge())
 
-    def _ask(self, ref: str) -> None:
-        self._pending, self._pending_ref = self.cache.acquire_future(self._keys[ref]), ref
+    def payer(self, ref: str) -> str | None:
+        """The tenant whose requests carried most of ``ref``'s tokens in the window (ties: the
+        first name); None when none are known."""
+        prefix = payer_label(ref, "")
+        for label, _ in self.payers.share(self.clock.now()).shares:
+            if label.startswith(prefix):
+                return label[len(prefix) :]
+        return None
+
+    def _ask(self, ref: str, requester: str | None = None) -> None:
+        """Asks for the lease to merge ``ref`` on; ``requester`` is the tenant a load it starts
+        is charged to (None: the owner). Only the owner's ask moves a copy's charge
+        (``TieredAdapterCache.acquire_future``)."""
+        key = self._keys[ref]
+        self._pending = self.cache.acquire_future(key, requester=requester)
+        self._pending_ref = ref
         self._finish_pending()
 
     def _finish_pending(self) -> None:
@@ -269,6 +301,12 @@ class ModeController:
         if not self.transitions:
             return TRANSITION_PRIOR_S
         return statistics.median(t.cost_s for t in self.transitions)
+
+
+def payer_label(ref: str, tenant: str) -> str:
+    """``ModeController.payers``' label for ``tenant``'s tokens of ``ref`` (a newline never is
+    in a ref)."""
+    return f"{ref}\n{tenant}"
 
 
 def _release_if_granted(future: Future[Lease]) -> None:

@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from safetensors.torch import load_file, save_file
@@ -21,6 +22,7 @@ from loraplex.engine.offline import OfflineConfig, OfflineEngine, OfflineRequest
 from loraplex.engine.step import StepPlan
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.staged_merge import MergeStaging
+from loraplex.residency.ledger import Tier
 from loraplex.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -173,12 +175,16 @@ def test_auto_measures_unmerged_steps_first_and_unmerges_when_merged_is_slower(
     timed = control.after_step
     merged_steps = 0
 
-    def costed(plan: StepPlan, keys: Mapping[str, AdapterKey | None]) -> None:
+    def costed(
+        plan: StepPlan,
+        keys: Mapping[str, AdapterKey | None],
+        tenants: Mapping[str, str] | None = None,
+    ) -> None:
         nonlocal merged_steps
         merged = control.switcher.merged_revision is not None
         merged_steps += merged
         clock.advance((2e-3 if merged else 1e-3) * plan.num_tokens)
-        timed(plan, keys)
+        timed(plan, keys, tenants)
 
     control.after_step = costed  # type: ignore[method-assign]
     # the veto compares steps of one size: decode steps of five measured unmerged first (base
@@ -255,3 +261,37 @@ def test_auto_merges_only_on_a_measured_lora_cost_and_publishes_it(
     registry.register(ModeCollector(cast(EngineClient, view)))
     assert b"loraplex_mode_lora_seconds_per_token" in generate_latest(registry)
     control.close()
+
+
+def test_auto_charges_its_merge_to_the_tenant_whose_traffic_made_it_hot(
+    engine: OfflineEngine, demo_assets: DemoAssets
+) -> None:
+    """attack26: ``auto`` merges the revision carrying most tokens, which a caller of another
+    tenant's public adapter chooses. Its lease named no tenant, so it moved the caller's GPU copy
+    to the owner's charge (the merge's lease then held it in the owner's share). Now the merge
+    names the tenant that carried the revision's tokens: the copy stays the caller's."""
+    hot = demo_assets.adapter("acme", "billing", "r1")
+    key = engine.adapter_key(hot.path)  # owned by the offline engine's one tenant
+    make = engine._engine_request
+    engine._engine_request = lambda r, k: replace(make(r, k), tenant="caller")  # type: ignore[method-assign]
+    cache = engine.runtime.cache
+    asks: list[str | None] = []  # each lease's requester: the lease desk's and the merge's
+    acquire = cache.acquire_future
+
+    def recorded(k: AdapterKey, **kwargs: Any) -> Any:
+        asks.append(kwargs.get("requester"))
+        return acquire(k, **kwargs)
+
+    cache.acquire_future = recorded  # type: ignore[method-assign]
+    clock = ManualClock()
+    control = controller(engine, "auto", clock, policy=replace(POLICY, payback_s=1e9))
+    engine.generate(skewed_requests(demo_assets, 10), ticking(clock))  # type: ignore[arg-type]
+    ref = ref_of(key)
+    assert asks and set(asks) == {"caller"}  # a load the merge's ask started: the caller's
+    assert control.switcher.merged_revision == ref
+    entry = cache.ledgers[Tier.L0].get(key)
+    assert entry is not None and entry.refcount == 1  # the merge's lease
+    assert entry.charged == "caller" and key.tenant != "caller"
+    assert control.payer(ref) == "caller"
+    control.close()
+    cache.check_integrity()

@@ -77,9 +77,13 @@ def _costed(
     engine.core.modes = control
     timed = control.after_step
 
-    def after_step(plan: StepPlan, keys: Mapping[str, AdapterKey | None]) -> None:
+    def after_step(
+        plan: StepPlan,
+        keys: Mapping[str, AdapterKey | None],
+        tenants: Mapping[str, str] | None = None,
+    ) -> None:
         clock.advance(cost(control.switcher.merged_revision is not None, plan.num_tokens))
-        timed(plan, keys)
+        timed(plan, keys, tenants)
 
     control.after_step = after_step  # type: ignore[method-assign]
     return control

@@ -7,10 +7,12 @@ policies, prefetch, pins, the replay) the owner is charged, as before."""
 
 from __future__ import annotations
 
+import pytest
 from cache_kit import UNIT, Rig, key, make_rig
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.residency.ledger import Tier, TierBudget, TierLedger
+from loraplex.residency.stats import Stage
 
 OWN = [key("globex", "codegen"), key("globex", "summarize")]  # the owner's two, its 2-slot share
 ACME = [key("acme", "support"), key("acme", "billing")]  # the caller's own two
@@ -203,3 +205,52 @@ def test_eviction_ranks_a_copy_by_the_charged_tenants_priority() -> None:
     _use(rig, SEARCH, "globex")  # the owner's ask: the copy is globex's, at globex's priority
     _use(rig, third, "initech")
     assert rig.cache.is_resident(SEARCH, Tier.L0) and _charged(rig, SEARCH) == "globex"
+
+
+def test_an_ask_naming_no_tenant_leaves_a_callers_charge_where_it_is() -> None:
+    """attack26: the merged-mode switch asks for the revision it merges with no requester.
+    ``auto`` merges the revision carrying most tokens, which a caller of another tenant's
+    public adapter chooses, so that ask moved the caller's copies (and a load under way) to
+    the owner's charge, where the merge's lease then held one of the owner's L0 shares for as
+    long as the caller kept the traffic up. Only the owner's own ask moves a charge now."""
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
+    _use(rig, SEARCH, "acme")
+    held = rig.cache.acquire_future(SEARCH)  # the merge's lease (ModeController._ask)
+    rig.settle()
+    for tier in (Tier.L0, Tier.L1, Tier.L2):
+        assert _charged(rig, SEARCH, tier) == "acme" and _held(rig, "globex", tier) == 0
+    held.result(timeout=0).release()
+    other = key("globex", "other")
+    first = rig.cache.acquire_future(other, requester="acme")  # a caller's load under way
+    second = rig.cache.acquire_future(other)  # joined by an ask naming no tenant
+    rig.settle()
+    first.result(timeout=0).release()
+    second.result(timeout=0).release()
+    rig.check()
+    for tier in (Tier.L0, Tier.L1, Tier.L2):
+        assert _charged(rig, other, tier) == "acme"
+    _use(rig, SEARCH, "globex")  # the owner's own ask still takes the charge
+    assert _charged(rig, SEARCH) == "globex"
+
+
+@pytest.mark.parametrize("stage", list(Stage))
+@pytest.mark.parametrize("joined", [None, "globex", "initech"])
+def test_a_charged_load_that_fails_leaves_only_the_tiers_it_filled(
+    stage: Stage, joined: str | None
+) -> None:
+    """attack26: a caller's load of a public adapter failing at any stage (with the owner, or
+    another caller, joining it) leaves charged only the copies of the tiers it completed, each
+    to the caller (the owner once it joined); nothing in flight stays charged."""
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
+    rig.pipeline.fail_at[(SEARCH, stage)] = RuntimeError("injected")
+    futures = [rig.cache.acquire_future(SEARCH, requester="acme")]
+    if joined is not None:
+        futures.append(rig.cache.acquire_future(SEARCH, requester=joined))
+    rig.settle(5)
+    rig.check()
+    assert all(isinstance(f.exception(timeout=0), RuntimeError) for f in futures)
+    payer = "globex" if joined == "globex" else "acme"
+    filled = {Stage.READ: [Tier.L2], Stage.COPY: [Tier.L2, Tier.L1]}.get(stage, [])
+    for tier in (Tier.L0, Tier.L1, Tier.L2):
+        want = {payer: UNIT} if tier in filled else {}
+        assert rig.cache.ledgers[tier].tenant_bytes == want, (tier, stage)

@@ -84,14 +84,17 @@ class TieredAdapterCache:
     ) -> Future[Lease]:
         """A future lease on ``key`` in L0; never blocks. Fails with CapacityError when
         ``deadline_s`` (a duration: seconds from now; default from the config) passes without
-        a slot. ``requester``: the tenant whose request asks (None: the owner, ``key.tenant``);
-        a load this starts is charged to it in every tier (its share, its cap), and the
-        owner's ask moves the charge of the key's copies to the owner
-        (``ResidentEntry.charged``)."""
+        a slot. ``requester``: the tenant whose request asks; a load this starts is charged to
+        it in every tier (its share, its cap), and the owner's own ask moves the charge of the
+        key's copies (and of a load under way) to the owner (``ResidentEntry.charged``).
+        None: no tenant's request asks (the merged-mode switch, a replay): a load this starts
+        is charged to the owner, and every charge stays where it is. ``auto`` merges the
+        revision a caller of another tenant's public adapter made the hottest, so moving the
+        charge on that ask handed the caller's copy to the owner (attack26)."""
         future: Future[Lease] = Future()
         with self._lock:
             state, now = self._state, self._clock.now()
-            if requester is None or requester == key.tenant:
+            if requester == key.tenant:
                 state.charge_owner(key)
             history = state.touch(key, now)
             entry = state.ready_entry(key, Tier.L0)

@@ -41,6 +41,8 @@ async def loop_models(
     tiers: Counter,
     gap_s: float,
     offset: int,
+    max_tokens: int = 4,
+    ignore_eos: bool = False,
 ) -> None:
     loop = asyncio.get_running_loop()
     i = offset
@@ -48,7 +50,9 @@ async def loop_models(
     while loop.time() < end:
         model = models[i % len(models)]
         i += 1
-        body = {"model": model, "prompt": "hello there", "max_tokens": 4, "temperature": 0}
+        body = {"model": model, "prompt": "hello there", "max_tokens": max_tokens, "temperature": 0}
+        if ignore_eos:  # attack26's merge-charge.py: every answer max_tokens long
+            body["ignore_eos"] = True
         try:
             got = await client.post("/v1/completions", json=body, headers=headers)
         except httpx.HTTPError as exc:
