@@ -15,7 +15,8 @@ run oneDNN on the dense weights meanwhile, with the same results.
 beside the rest of the process's imports and the server's own start, instead of after the
 server's ``Build``. The build takes that load (``load_in_background``) only when it is of the
 same directory and settings and the checkpoint's files stat, before and after the read, as they
-did for the server's digest (``DigestedCheckpoint.covers``); otherwise it loads again.
+did for the server's digest (``DigestedCheckpoint.covers``); otherwise it loads again, and
+that load too must read the files the digest is of (else the engine's start fails).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from loraplex.background import Background
 from loraplex.devices import torch_device
 from loraplex.dtypes import torch_dtype
 from loraplex.engine.config import EngineConfig
+from loraplex.errors import CheckpointError
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.llama import LlamaModel
 
@@ -49,16 +51,35 @@ def load_in_background(
     checkpoint loaded again, here."""
     ahead = _take_ahead(model_dir, config)
     if ahead is None:
-        return Background(lambda: _load(model_dir, config), "loraplex-load")
+        return Background(lambda: _load_digested(model_dir, config, digested), "loraplex-load")
 
     def checked() -> LlamaModel:
         model = ahead.model_if_covered(digested)
         if model is not None:
             return model
         _log.info("the checkpoint loaded ahead is not the one digested; loading it again")
-        return _load(model_dir, config)
+        return _load_digested(model_dir, config, digested)
 
     return Background(checked, "loraplex-load")
+
+
+def _load_digested(
+    model_dir: Path, config: EngineConfig, digested: DigestedCheckpoint | None
+) -> LlamaModel:
+    """``_load``, and with ``digested`` a CheckpointError unless its files stat, before and
+    after the read, as they did for that digest (``DigestedCheckpoint.covers``). NOTE: only a
+    load ahead was checked: this load read whatever the files held by then, so a base file
+    replaced after the server's digest was served under the old digest (attack26)."""
+    if digested is None:
+        return _load(model_dir, config)
+    model, stamps = read_stamps(model_dir, lambda: _load(model_dir, config))
+    if not digested.covers(stamps):
+        raise CheckpointError(
+            f"{model_dir}: the base model's files changed after they were digested (or while "
+            "they were read); expected the files the digest is of: start the server again to "
+            "digest them anew"
+        )
+    return model
 
 
 def load_ahead(model_dir: Path, config: EngineConfig) -> None:

@@ -251,3 +251,27 @@ def test_a_second_load_ahead_is_refused(
     with pytest.raises(ValueError, match="already started ahead"):
         load_ahead(demo_assets.base_model_dir, EngineConfig())
     load_in_background(demo_assets.base_model_dir, EngineConfig()).wait()
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_load_of_files_changed_after_the_digest_fails(
+    demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: bool
+) -> None:
+    """attack26: a base file replaced after the server's digest was loaded and served under
+    the old digest when no load was started ahead, or when the load ahead did not pass; the
+    load now fails naming why (a restart digests the files anew)."""
+    from loraplex.artifacts.base_model import digest_checkpoint
+    from loraplex.engine.model_load import load_ahead
+
+    loads = _CountedLoads(monkeypatch)
+    model_dir = _copy_model(demo_assets, tmp_path)
+    digested = digest_checkpoint(model_dir)
+    weights = sorted(model_dir.glob("*.safetensors"))[0]
+    weights.write_bytes(weights.read_bytes())  # same bytes, a new ctime and mtime
+    if ahead:
+        load_ahead(model_dir, EngineConfig())
+    with pytest.raises(CheckpointError, match="files changed after they were digested"):
+        load_in_background(model_dir, EngineConfig(), digested).result()
+    assert len(loads.models) == (2 if ahead else 1)  # read, then refused
+    # the digest of the files as they are now is taken
+    load_in_background(model_dir, EngineConfig(), digest_checkpoint(model_dir)).result()
