@@ -29,6 +29,7 @@ from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.messages import (
     Dedicate,
+    DropAutoWarm,
     Evict,
     HoldMerges,
     Holds,
@@ -136,6 +137,10 @@ class FleetCache:
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         self._wait(self._standing.set_warm(key, warm))
+
+    def drop_auto_warm(self, key: AdapterKey) -> None:
+        """On every healthy replica; nothing standing (a joining replica has no rates)."""
+        self._wait(self._link.call_each(DropAutoWarm(key)))
 
     def update_tenant_settings(self, settings: Mapping[str, TenantSettings]) -> None:
         """Every tenant's settings to every replica (the admin API changed a tenant)."""

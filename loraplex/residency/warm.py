@@ -197,6 +197,12 @@ class PinBook:
             # still counted as a held seat (and kept the revision due) until the setting went
             self._auto.pop(key, None)
 
+    def drop_auto(self, key: AdapterKey) -> None:
+        """``key``'s automatic policy goes (its request rates were reset: ``TierState.
+        drop_auto_warm``); an operator's setting and pins stay."""
+        self._auto.pop(key, None)
+        self._pending.discard(key)
+
     def requested(self, key: AdapterKey) -> None:
         """A request for ``key``: its rates rose, so the next rebalance judges it."""
         if self._auto_config is not None:

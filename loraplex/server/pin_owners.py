@@ -197,6 +197,9 @@ class OwnedPins:
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         self._cache.set_warm_policy(key, warm)
 
+    def drop_auto_warm(self, key: AdapterKey) -> None:
+        self._cache.drop_auto_warm(key)
+
 
 def _undo(change: Callable[[], bool]) -> None:
     """Puts an operator pin's record back after the cache refused the change; the cache's error

@@ -247,13 +247,21 @@ def set_visibility(tenant: str, name: str, body: VisibilityBody, deps: DepsDep) 
 
 @router.put("/revisions/{tenant}/{name}/{revision}")
 def set_release(tenant: str, name: str, revision: str, body: ReleaseBody, deps: DepsDep) -> Any:
-    """Release state and/or warm policy; a new warm policy also applies to this server's cache."""
+    """Release state and/or warm policy; a new warm policy also applies to this server's cache,
+    and a deprecation drops the revision's automatic warm policy there (``drop_auto_warm``).
+    NOTE: an automatic seat earned by the alias's traffic held the deprecated revision's copy
+    pinned, out of its tenant's share, until its rates decayed (hours at a day's traffic) or an
+    operator set ``on_demand`` (docs/benchmarks/newop2.md)."""
     ref = f"{tenant}/{name}@{revision}"
-    taken = (ref,) if body.state is RevisionState.DEPRECATED else ()
-    with guarded(deps.engine, deps.merge_holds, taken, "deprecated"):
+    deprecating = body.state is RevisionState.DEPRECATED
+    with guarded(deps.engine, deps.merge_holds, (ref,) if deprecating else (), "deprecated"):
+        before = deps.registry.get_revision(ref).state if deprecating else None
         updated = deps.registry.set_release(ref, ACTOR, body.state, body.warm_policy)
-    if body.warm_policy is not None and deps.cache is not None:
-        deps.cache.set_warm_policy(updated.key(), body.warm_policy)
+    if deps.cache is not None:
+        if body.warm_policy is not None:
+            deps.cache.set_warm_policy(updated.key(), body.warm_policy)
+        if deprecating and before is not RevisionState.DEPRECATED:
+            deps.cache.drop_auto_warm(updated.key())
     return asdict(updated)
 
 

@@ -25,6 +25,7 @@ from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.messages import (
     CacheCommand,
+    DropAutoWarm,
     Evict,
     Holds,
     Pin,
@@ -226,11 +227,13 @@ def test_unpin_evict_and_warm_policies_reach_every_healthy_replica(
     cache.unpin(key(), Tier.L0)
     assert cache.evict(key(), Tier.L1) is True
     cache.set_warm_policy(key(), WarmPolicy.GPU)
+    cache.drop_auto_warm(key())  # a deprecation: each replica's automatic seat goes
     settings = {"acme": TenantSettings(weight=2.0)}
     cache.update_tenant_settings(settings)
     assert _sent(calls, Unpin(key(), Tier.L0)) == ["a", "b"]
     assert _sent(calls, Evict(key(), Tier.L1)) == ["a", "b"]
     assert _sent(calls, SetWarm(key(), WarmPolicy.GPU)) == ["a", "b"]
+    assert _sent(calls, DropAutoWarm(key())) == ["a", "b"]
     assert _sent(calls, UpdateTenants(settings)) == ["a", "b"]
     calls.reply = lambda rid, c: False
     assert cache.evict(key(), Tier.L1) is False

@@ -232,6 +232,29 @@ def test_warm_policies_operator_wins_over_automatic() -> None:
     rig.check()
 
 
+def test_drop_auto_warm_unpins_and_starts_the_rates_afresh() -> None:
+    """A deprecated revision (``drop_auto_warm``): its automatic gpu seat goes at once and the
+    next rebalance does not hand it back from the alias traffic's rates; requests from then on
+    can earn one again. An operator's warm policy stays (``B``)."""
+    rig = make_rig(auto_warm=AutoWarmConfig(gpu_rps=0.3, cpu_rps=0.01), max_auto_gpu_slots=1)
+    for _ in range(200):
+        lease_of(rig, rig.cache.acquire_future(A)).release()
+    rig.cache.set_warm_policy(B, WarmPolicy.CPU)
+    rig.settle()
+    assert rig.cache.rebalance() == {A: WarmPolicy.GPU}
+    rig.cache.drop_auto_warm(A)
+    rig.cache.drop_auto_warm(B)
+    assert not rig.cache.ledgers[Tier.L0].entries[A].pinned
+    assert rig.cache.holds(A, Tier.L0).warm == frozenset()
+    assert rig.cache.rebalance() == {}
+    assert rig.cache.evict(A, Tier.L0)
+    assert rig.cache.ledgers[Tier.L1].entries[B].pinned
+    for _ in range(200):  # its owner's pins alone, as hot as the alias was: earned again
+        lease_of(rig, rig.cache.acquire_future(A)).release()
+    assert rig.cache.rebalance() == {A: WarmPolicy.GPU}
+    rig.check()
+
+
 def test_an_unpin_says_which_warm_policy_keeps_the_copy_pinned() -> None:
     """An automatic gpu policy (or the operator's) pins the copy past the operator's unpin:
     the answer names it instead of claiming the copy unpinned."""

@@ -1,7 +1,8 @@
 """``build_server`` hands the registry's tenant classes and quotas to the cache and the engine,
 at start and live when the admin API creates or changes a tenant; the engine-side serve settings
-(step token budget, load concurrency, automatic warm policies) reach the cache of a server whose
-engine runs on a thread, and the engine core that the engine process builds."""
+(step token budget, load concurrency, automatic warm policies, which a deprecation drops) reach
+the cache of a server whose engine runs on a thread, and the engine core that the engine process
+builds."""
 
 from __future__ import annotations
 
@@ -195,6 +196,56 @@ def test_automatic_gpu_promotion_happens_in_a_served_config(
         l0 = cache.ledgers[Tier.L0].entries  # both copies are in L0: only the first is pinned
         assert l0[keys[0]].pinned and not l0[keys[1]].pinned
         cache.check_integrity()
+    finally:
+        server.close()
+
+
+def test_deprecation_drops_the_automatic_warm_seat_not_the_operators(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """A deprecated revision gives up the automatic warm seat the alias's traffic earned it
+    (docs/registry.md, *Warm policies of a deprecated revision*): the PUT unpins its copy at
+    once and the next rebalance does not hand the seat back from the old rates; an operator's
+    warm policy stays. NOTE: found by the newop2 pass (docs/benchmarks/newop2.md): a retired
+    revision's copy stayed pinned ``warm_policy:cpu (automatic)`` in its tenant's share until
+    the owner set ``on_demand``."""
+    server = _server(demo_assets, tmp_path)
+    try:
+        assert server.runtime is not None
+        cache, registry = server.runtime.cache, server.registry
+        registry.create_tenant("newco", "test")
+        hot, kept = demo_assets.adapters[0], demo_assets.adapters[1]
+        auto = RegistrationRequest(hot.path, "newco", "helper", "v1")
+        key = registry.register(auto, "test").revision.key()
+        operator = RegistrationRequest(kept.path, "newco", "kept", "v1", warm_policy=WarmPolicy.CPU)
+        kept_key = registry.register(operator, "test").revision.key()
+        cache.set_warm_policy(kept_key, WarmPolicy.CPU)  # as the upload route applies it
+        for _ in range(400):  # 5-minute rate 4/3 per s: over gpu_rps 0.5
+            cache.acquire_future(key).result(timeout=60).release()
+        assert cache.rebalance() == {key: WarmPolicy.GPU}
+        assert cache.ledgers[Tier.L0].entries[key].pinned
+        with TestClient(server.app) as http:
+            for name in ("helper", "kept"):
+                path = f"/admin/revisions/newco/{name}/v1"
+                reply = http.put(path, json={"state": "deprecated"}, headers=AUTH)
+                assert reply.status_code == 200, reply.text
+            assert not cache.ledgers[Tier.L0].entries[key].pinned
+            assert cache.holds(key, Tier.L0).warm == frozenset()
+            assert cache.rebalance() == {}  # not promoted again from the alias's rates
+            assert cache.evict(key, Tier.L0)
+            cache.check_integrity()
+            # the operator's cpu policy is an operator's act: it stays
+            l1 = cache.ledgers[Tier.L1].entries
+            assert kept_key in l1 and l1[kept_key].pinned
+
+            # deprecating it again drops nothing more: the owner's pins since still count
+            for _ in range(400):
+                cache.acquire_future(key).result(timeout=60).release()
+            again = http.put(
+                "/admin/revisions/newco/helper/v1", json={"state": "deprecated"}, headers=AUTH
+            )
+            assert again.status_code == 200, again.text
+            assert cache.rebalance() == {key: WarmPolicy.GPU}
     finally:
         server.close()
 

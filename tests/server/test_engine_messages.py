@@ -72,6 +72,11 @@ def test_cache_commands_and_published_state_cross_the_pipe(
         assert http.post("/admin/residency/evict", json=evict).json()["evicted"] is True
         _until(lambda: not engine.cache.is_resident(key, Tier.L1), "eviction delta")
 
+        deprecate = http.put(
+            f"/admin/revisions/{ref.replace('@', '/')}", json={"state": "deprecated"}
+        )
+        assert deprecate.status_code == 200, deprecate.text  # DropAutoWarm ran in the child
+
         _until(lambda: _quiet(engine), "an idle engine kept publishing its state")
 
 

@@ -60,6 +60,9 @@ class RecordingCache:
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         raise NotImplementedError
 
+    def drop_auto_warm(self, key: AdapterKey) -> None:
+        raise NotImplementedError
+
 
 def test_the_cache_stays_pinned_until_the_last_owner_lets_go() -> None:
     cache = RecordingCache()

@@ -10,6 +10,7 @@ from loraplex.engine.merge_holds import MergeHolds
 from loraplex.engine.transport.messages import (
     CacheCommand,
     Dedicate,
+    DropAutoWarm,
     Evict,
     HoldMerges,
     Holds,
@@ -30,6 +31,7 @@ _CACHE_COMMANDS: dict[type[CacheCommand], Callable[[TieredAdapterCache, Any], An
     Evict: lambda cache, c: cache.evict(c.key, c.tier),
     Holds: lambda cache, c: cache.holds(c.key, c.tier),
     SetWarm: lambda cache, c: cache.set_warm_policy(c.key, c.warm),
+    DropAutoWarm: lambda cache, c: cache.drop_auto_warm(c.key),
 }
 
 

@@ -90,6 +90,14 @@ class SetWarm(CacheCommand):
 
 
 @dataclass(frozen=True)
+class DropAutoWarm(CacheCommand):
+    """A deprecated revision's automatic warm policy and request rates go (nothing standing:
+    a restarted child starts without rates)."""
+
+    key: AdapterKey  # the revision
+
+
+@dataclass(frozen=True)
 class UpdateTenants(CacheCommand):
     """Every tenant's settings, for the cache and the engine (not only the cache)."""
 

@@ -14,6 +14,7 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.transport.messages import (
     CacheCommand,
+    DropAutoWarm,
     Evict,
     HoldMerges,
     Holds,
@@ -81,6 +82,9 @@ class RemoteCache:
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         self._call(SetWarm(key, warm))
+
+    def drop_auto_warm(self, key: AdapterKey) -> None:
+        self._call(DropAutoWarm(key))
 
 
 class RemoteMergeHolds:

@@ -112,6 +112,16 @@ class TierState:
         self._note(key)
         return history
 
+    def drop_auto_warm(self, key: AdapterKey) -> None:
+        """``key``'s request rates start afresh and its automatic warm policy goes
+        (``TieredAdapterCache.drop_auto_warm``)."""
+        history = self._history.get(key)
+        if history is not None:
+            fresh = AdapterHistory()
+            history.rates, history.reads = fresh.rates, fresh.reads
+            self._note(key)  # the rates are order inputs
+        self.pins.drop_auto(key)
+
     def rebalance_warm(self) -> dict[AdapterKey, WarmPolicy]:
         """Automatic promotion/demotion of the keys a rebalance may change (``PinBook.due``):
         the same changes as judging every key with a history, at O(due) cost. The GPU tier's

@@ -165,6 +165,15 @@ class TieredAdapterCache:
             self._state.pins.set_operator(key, warm)
             self._apply_warm(key)
 
+    def drop_auto_warm(self, key: AdapterKey) -> None:
+        """The traffic that earned ``key`` its automatic warm policy no longer reaches it (its
+        revision was deprecated: no alias serves it): that policy goes, its pins with it, and
+        its request rates start afresh, so only the requests from now on (its owner's
+        ``@REVISION`` pins) can earn it one again. An operator's warm policy and pins stay."""
+        with self._lock:
+            self._state.drop_auto_warm(key)
+            self._apply_warm(key)
+
     def rebalance(self) -> dict[AdapterKey, WarmPolicy]:
         """Automatic promotion/demotion from the rolling request statistics; returns changes."""
         with self._lock:
