@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.store import ArtifactStore, LocalArtifactStore
@@ -71,6 +72,8 @@ class RegistryConfig:
                 f"s3_endpoint {self.s3_endpoint!r} is invalid with store {self.store_url!r}; "
                 "expected an s3:// store"
             )
+        if self.s3_endpoint is not None:
+            check_s3_endpoint(self.s3_endpoint)
         self._check_timeouts()
 
     def _check_timeouts(self) -> None:
@@ -115,6 +118,27 @@ class RegistryConfig:
     @property
     def store_url(self) -> str:
         return self.store or str(self.data_dir / ARTIFACTS_DIR)
+
+
+def check_s3_endpoint(endpoint: str) -> None:
+    """ValueError naming ``s3_endpoint`` unless it is ``http(s)://HOST[:PORT]...`` without
+    credentials (the client's come from its environment, and a URL is shown in logs). NOTE:
+    any string was passed on to boto3, which refused a bad scheme only at the first request of
+    the store (a server's start or a registration, not its configuration)."""
+    try:
+        parts = urlsplit(endpoint)
+        port_ok = parts.port is None or parts.port > 0  # .port raises for one out of range
+    except ValueError:
+        port_ok = False
+    else:
+        http = parts.scheme in ("http", "https") and bool(parts.hostname)
+        if http and port_ok and parts.username is None and parts.password is None:
+            return
+    shown = "with credentials" if "@" in endpoint else repr(endpoint[:200])
+    raise ValueError(
+        f"s3_endpoint {shown} is invalid; expected http://HOST[:PORT] or https://HOST[:PORT] "
+        "without credentials (the S3 client reads them from its environment)"
+    )
 
 
 def open_store(config: RegistryConfig) -> ArtifactStore:

@@ -49,6 +49,27 @@ def test_invalid_configs_are_refused(tmp_path: Path) -> None:
         open_database("mysql://x")
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "shown"),
+    [
+        ("ftp://minio:9000", "'ftp://minio:9000'"),
+        ("minio:9000", "'minio:9000'"),
+        ("http://", "'http://'"),
+        ("http://minio:99999", "'http://minio:99999'"),
+        ("http://key:secret@minio:9000", "with credentials"),  # the secret is not shown
+    ],
+)
+def test_an_s3_endpoint_other_than_an_http_url_is_refused_naming_it(
+    tmp_path: Path, endpoint: str, shown: str
+) -> None:
+    """smallfix noticed: any string went to boto3, which refused it at the store's first use."""
+    with pytest.raises(ValueError, match=r"^s3_endpoint (.+) is invalid; expected http") as refused:
+        RegistryConfig(tmp_path, store="s3://bucket/p", s3_endpoint=endpoint)
+    assert str(refused.value).startswith(f"s3_endpoint {shown} is invalid")
+    assert "secret" not in str(refused.value)
+    RegistryConfig(tmp_path, store="s3://bucket/p", s3_endpoint="https://s3.example:443/")
+
+
 # --- PostgreSQL timeouts (registry/sql/timeouts.py) ---------------------------------------------
 
 
