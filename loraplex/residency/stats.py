@@ -34,6 +34,11 @@ class AdapterHistory:
     """Per-adapter counters, kept across evictions (frequency must survive residency)."""
 
     rates: RollingRates = field(default_factory=RollingRates)  # request rate windows
+    # The same, of the requests of its owner and of asks that name no tenant: what earns an
+    # automatic warm seat (``PinBook``), which counts in the owner's seat share and GPU cap.
+    # NOTE: from every caller's requests, a caller's steady calls of another tenant's public
+    # adapter could win that adapter one of its owner's automatic seats (squatres' residual).
+    owner_rates: RollingRates = field(default_factory=RollingRates)
     # Rates of the requests that read each lower tier: those that missed every faster tier
     # (L1: missed L0; L2: missed L0 and L1). What a copy there is worth, not the raw rate.
     reads: dict[Tier, RollingRates] = field(

@@ -11,8 +11,10 @@ import pytest
 from cache_kit import UNIT, Rig, key, make_rig
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.residency.ledger import Tier, TierBudget, TierLedger
 from loraplex.residency.stats import Stage
+from loraplex.residency.warm import AutoWarmConfig
 
 OWN = [key("globex", "codegen"), key("globex", "summarize")]  # the owner's two, its 2-slot share
 ACME = [key("acme", "support"), key("acme", "billing")]  # the caller's own two
@@ -254,3 +256,19 @@ def test_a_charged_load_that_fails_leaves_only_the_tiers_it_filled(
     for tier in (Tier.L0, Tier.L1, Tier.L2):
         want = {payer: UNIT} if tier in filled else {}
         assert rig.cache.ledgers[tier].tenant_bytes == want, (tier, stage)
+
+
+@pytest.mark.parametrize(("requester", "earned"), [("acme", False), ("globex", True), (None, True)])
+def test_only_the_owners_requests_earn_its_automatic_warm_seat(
+    requester: str | None, earned: bool
+) -> None:
+    """An automatic warm seat counts in the owner's seat share and GPU cap, so only the owner's
+    requests (and asks naming no tenant) earn one: a caller's steady calls of a public adapter
+    are served by copies charged to the caller. NOTE: counted from every caller's requests,
+    acme's calls won ``globex/search`` a seat of globex's (squatres' residual)."""
+    config = AutoWarmConfig(gpu_rps=0.02, cpu_rps=0.002, hysteresis=0.5)
+    rig = make_rig(slots=4, l1=8, l2=16, auto_warm=config)
+    for _ in range(30):
+        _use(rig, SEARCH, requester)
+    seat = rig.cache.rebalance().get(SEARCH)
+    assert (seat in (WarmPolicy.GPU, WarmPolicy.CPU)) is earned, seat

@@ -41,11 +41,13 @@ def _state(max_auto_gpu: int = 2, max_idle_keys: int = 3) -> tuple[TierState, Ma
 def _full_scan(state: TierState) -> dict[AdapterKey, WarmPolicy]:
     """The rebalance before this change: every key with a history judged, in key order."""
     now = state.clock.now()
-    return state.pins.rebalance({k: h.rates.rates(now) for k, h in state.histories()})
+    return state.pins.rebalance({k: h.owner_rates.rates(now) for k, h in state.histories()})
 
 
 ops = st.one_of(
     st.tuples(st.just("request"), st.sampled_from(KEYS), st.sampled_from([1, 3, 8, 20])),
+    # another tenant's requests (a public adapter's callers): they earn the owner no seat
+    st.tuples(st.just("caller"), st.sampled_from(KEYS), st.sampled_from([3, 20])),
     st.tuples(st.just("wait"), st.sampled_from([1.0, 60.0, 300.0, 3600.0, 20_000.0])),
     st.tuples(
         st.just("operator"),
@@ -60,9 +62,9 @@ ops = st.one_of(
 
 def _apply(state: TierState, clock: ManualClock, op: tuple) -> None:  # type: ignore[type-arg]
     name, *args = op
-    if name == "request":
+    if name in ("request", "caller"):
         for _ in range(args[1]):
-            state.touch(args[0], clock.now())
+            state.touch(args[0], clock.now(), by_owner=name == "request")
     elif name == "wait":
         clock.advance(args[0])
     elif name == "operator":
@@ -113,7 +115,7 @@ def test_an_idle_rebalance_reads_the_promoted_keys_only(n: int) -> None:
     copies = [key("p", f"c{i}") for i in range(n)]
     counters = [CountingRates() for _ in copies]
     for i, (k, counter) in enumerate(zip(copies, counters, strict=True)):
-        state.history_of(k).rates = counter
+        state.history_of(k).owner_rates = counter  # what a rebalance reads
         for _ in range(10 if i < 5 else 1):  # five hot copies, the rest requested once
             state.touch(k, clock.now())
         state.mark_ready(state.reserve(Tier.L2, k, UNIT))

@@ -89,11 +89,16 @@ class TierState:
     def histories(self) -> Iterator[tuple[AdapterKey, AdapterHistory]]:
         return iter(self._history.items())
 
-    def touch(self, key: AdapterKey, now_s: float) -> AdapterHistory:
+    def touch(self, key: AdapterKey, now_s: float, *, by_owner: bool = True) -> AdapterHistory:
+        """A request for ``key``; ``by_owner`` False: another tenant's (a caller of a public
+        adapter), which counts in the order's rates but earns the owner no automatic warm seat
+        (``AdapterHistory.owner_rates``)."""
         history = self.history_of(key)
         history.rates.record(now_s)
         history.last_access_s = now_s
-        self.pins.requested(key)
+        if by_owner:
+            history.owner_rates.record(now_s)
+            self.pins.requested(key)
         self._note(key)
         return history
 
@@ -119,6 +124,7 @@ class TierState:
         if history is not None:
             fresh = AdapterHistory()
             history.rates, history.reads = fresh.rates, fresh.reads
+            history.owner_rates = fresh.owner_rates
             self._note(key)  # the rates are order inputs
         self.pins.drop_auto(key)
 
@@ -128,7 +134,7 @@ class TierState:
         per-tenant caps and the footprints known go with it: no seat for a copy a cap refuses."""
         now = self._now()
         rates = {
-            key: history.rates.rates(now)
+            key: history.owner_rates.rates(now)
             for key in self.pins.due()
             if (history := self._history.get(key)) is not None
         }

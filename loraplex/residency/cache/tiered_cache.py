@@ -96,7 +96,7 @@ class TieredAdapterCache:
             state, now = self._state, self._clock.now()
             if requester == key.tenant:
                 state.charge_owner(key)
-            history = state.touch(key, now)
+            history = state.touch(key, now, by_owner=requester in (None, key.tenant))
             entry = state.ready_entry(key, Tier.L0)
             if entry is not None:
                 state.stats.record_hit(Tier.L0, history)
