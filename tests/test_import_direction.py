@@ -27,7 +27,7 @@ from pathlib import Path
 import loraplex
 
 PACKAGE_ROOT = Path(loraplex.__file__).parent
-LEAVES = {"errors", "clock", "sampling", "dtypes", "devices", "background", "cpuinfo"}
+LEAVES = {"errors", "clock", "sampling", "dtypes", "devices", "background", "cpuinfo", "urls"}
 # Benchmarks and commands sit on top: they may use every layer below them.
 _BELOW_BENCH = {
     "tracing",

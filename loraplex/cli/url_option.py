@@ -8,20 +8,15 @@ error (exit 2) naming ``--url``, before any work.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 import typer
+
+from loraplex.urls import http_url
 
 EXPECTED = "expected http://HOST[:PORT] or https://HOST[:PORT]"
 
 
 def base_url(value: str) -> str:
     """``value`` unchanged when it is an http or https URL with a host (and a valid port)."""
-    try:
-        parts = urlsplit(value)
-        port_ok = parts.port is None or parts.port > 0  # .port raises for one out of range
-    except ValueError as exc:
-        raise typer.BadParameter(f"{value!r} is not a URL ({exc}); {EXPECTED}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+    if not http_url(value):
         raise typer.BadParameter(f"{value!r} is invalid; {EXPECTED}")
     return value

@@ -19,6 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 from loraplex.deploy.fleet_file import check_fleet_values
 from loraplex.deploy.serve_file import ServeFileError, check_serve_values
 from loraplex.serve.config.keys import NOT_IN_FLEET
+from loraplex.urls import http_url
 
 # Derived names add at most this suffix ("-epp-config"), and a Service name is a DNS label (63).
 MAX_NAME_CHARS = 40
@@ -206,14 +207,15 @@ class K8sSpec:
                 f"store {self.store!r} is invalid; expected s3://bucket/prefix (pods "
                 "have no shared disk, every replica must read the same artifact store)",
             )
-        if self.s3_endpoint is not None:
-            parts = urlsplit(_token("s3_endpoint", self.s3_endpoint))
-            if parts.scheme not in ("http", "https") or not parts.hostname or parts.username:
-                raise SpecError(
-                    "s3_endpoint",
-                    f"s3_endpoint {self.s3_endpoint!r} is invalid; expected "
-                    "http(s)://host[:port] without credentials (they come from the secret)",
-                )
+        endpoint = self.s3_endpoint
+        if endpoint is not None and not http_url(
+            _token("s3_endpoint", endpoint), credentials=False
+        ):
+            raise SpecError(
+                "s3_endpoint",
+                f"s3_endpoint {endpoint!r} is invalid; expected "
+                "http(s)://host[:port] without credentials (they come from the secret)",
+            )
         if self.database_url is not None:
             _check_database_url(_token("database_url", self.database_url, quote=False))
 

@@ -25,7 +25,6 @@ import contextlib
 import math
 import mmap
 import sys
-from collections import deque
 from functools import lru_cache
 
 import torch
@@ -107,8 +106,18 @@ def advise_huge_pages(mapping: mmap.mmap) -> None:
 # (the large preset's 350 MiB arena freed at once took 23-37 ms on a shared 2-core Zen 4: about
 # 2-3.4 ms a piece there, and its arena gone in 11 boundaries)
 ARENA_RELEASE_BYTES = 32 << 20
-# ``sys.getrefcount`` of a queued arena no tensor is made on: the deque's and the call's own
+# ``sys.getrefcount`` of a queued arena no tensor is made on: its ``_Queued``'s and the call's own
 _QUEUED_REFS = 2
+
+
+class _Queued:
+    """An arena waiting to be freed, and how much of it is freed so far."""
+
+    __slots__ = ("freed", "mapping")
+
+    def __init__(self, mapping: mmap.mmap) -> None:
+        self.mapping = mapping
+        self.freed = 0  # bytes from its start freed so far
 
 
 class ArenaReleases:
@@ -123,44 +132,43 @@ class ArenaReleases:
     mapping stays), then unmapped (nothing left in it). An arena is touched only once no tensor
     is made on it any more: each tensor holds a reference to the mapping (``torch.frombuffer``),
     so while the mapping has more references than this queue's, some tensor still reads it and
-    the arena waits (a stale reference never sees its memory zeroed under it).
+    it waits (a stale reference never sees its memory zeroed under it), without holding up the
+    arenas queued after it.
     """
 
     def __init__(self) -> None:
-        self._pending: deque[mmap.mmap] = deque()
-        self._offset = 0  # bytes of the first pending arena freed so far
+        self._queued: list[_Queued] = []
 
     def add(self, mapping: mmap.mmap) -> None:
         """Free ``mapping`` by pieces once no tensor is made on it (the caller drops its own
         references to it)."""
-        self._pending.append(mapping)
+        self._queued.append(_Queued(mapping))
 
     @property
     def pending_bytes(self) -> int:
         """Bytes of the arenas not yet freed (mapped; those never written hold no memory)."""
-        return sum(len(m) for m in self._pending) - self._offset
+        return sum(len(q.mapping) - q.freed for q in self._queued)
 
     def step(self, budget_bytes: int) -> int:
-        """Free up to ``budget_bytes`` (rounded to whole pages) of the arenas no tensor uses, in
-        the order they came; the bytes freed (0: none, or the first is still in use)."""
+        """Free up to ``budget_bytes`` (rounded up to whole pages) of the arenas no tensor uses,
+        oldest first; the bytes freed (0: none pending, or every one still in use)."""
         freed = 0
-        while self._pending and freed < budget_bytes:
-            # a tensor made on it holds a reference beyond the deque's (and getrefcount's own)
-            if sys.getrefcount(self._pending[0]) > _QUEUED_REFS:
+        for queued in list(self._queued):
+            if freed >= budget_bytes:
                 break
-            mapping = self._pending[0]
-            size = len(mapping)
+            # a tensor made on it holds a reference beyond the queue's (and getrefcount's own)
+            if sys.getrefcount(queued.mapping) > _QUEUED_REFS:
+                continue
+            size = len(queued.mapping)
             pages = -(-(budget_bytes - freed) // mmap.PAGESIZE)
-            piece = min(size - self._offset, pages * mmap.PAGESIZE)
-            if piece > 0:
-                with contextlib.suppress(OSError, AttributeError):  # no madvise: unmapped whole
-                    mapping.madvise(mmap.MADV_DONTNEED, self._offset, piece)
-                self._offset += piece
-                freed += piece
-            if self._offset >= size:
-                self._pending.popleft()
-                self._offset = 0
-                mapping.close()
+            piece = min(size - queued.freed, pages * mmap.PAGESIZE)
+            with contextlib.suppress(OSError, AttributeError):  # no madvise: unmapped whole
+                queued.mapping.madvise(mmap.MADV_DONTNEED, queued.freed, piece)
+            queued.freed += piece
+            freed += piece
+            if queued.freed >= size:
+                self._queued.remove(queued)
+                queued.mapping.close()
         return freed
 
     def drain(self) -> int:

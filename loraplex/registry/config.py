@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.store import ArtifactStore, LocalArtifactStore
@@ -33,6 +32,7 @@ from loraplex.registry.trust import (
     check_max_trust_anchors,
     fill_key_ids,
 )
+from loraplex.urls import http_url
 
 DATABASE_FILE = "registry.sqlite3"
 ARTIFACTS_DIR = "artifacts"
@@ -125,15 +125,8 @@ def check_s3_endpoint(endpoint: str) -> None:
     credentials (the client's come from its environment, and a URL is shown in logs). NOTE:
     any string was passed on to boto3, which refused a bad scheme only at the first request of
     the store (a server's start or a registration, not its configuration)."""
-    try:
-        parts = urlsplit(endpoint)
-        port_ok = parts.port is None or parts.port > 0  # .port raises for one out of range
-    except ValueError:
-        port_ok = False
-    else:
-        http = parts.scheme in ("http", "https") and bool(parts.hostname)
-        if http and port_ok and parts.username is None and parts.password is None:
-            return
+    if http_url(endpoint, credentials=False):
+        return
     shown = "with credentials" if "@" in endpoint else repr(endpoint[:200])
     raise ValueError(
         f"s3_endpoint {shown} is invalid; expected http://HOST[:PORT] or https://HOST[:PORT] "

@@ -143,10 +143,31 @@ def test_arena_releases_free_a_dropped_arena_by_pieces_and_never_one_in_use() ->
     del view
     # one page (a budget rounds up to whole pages): that page reads zeros, the rest is intact
     assert releases.step(1) == mmap.PAGESIZE
-    queued = releases._pending[0]
+    queued = releases._queued[0].mapping
     assert queued[: mmap.PAGESIZE] == bytes(mmap.PAGESIZE)
     assert queued[mmap.PAGESIZE : mmap.PAGESIZE + 4] == bytes([7] * 4)
     del queued
     assert releases.pending_bytes == size - mmap.PAGESIZE
     assert releases.drain() == size - mmap.PAGESIZE
     assert gone() is None and releases.pending_bytes == 0 and releases.step(1 << 30) == 0
+
+
+def test_an_arena_still_in_use_does_not_hold_up_the_ones_after_it() -> None:
+    """A tensor kept on one arena keeps that arena whole, and only it: the arenas queued after
+    it are freed (queued in order, one kept one would have held every later one)."""
+    releases = ArenaReleases()
+    held, _ = arena_mapping(mmap.PAGESIZE, huge_pages=False)
+    kept = arena_tensor(held, 0, (mmap.PAGESIZE,), torch.uint8)
+    kept.fill_(3)
+    releases.add(held)
+    del held
+    later, _ = arena_mapping(mmap.PAGESIZE, huge_pages=False)
+    size = len(later)
+    gone = weakref.ref(later)
+    releases.add(later)
+    del later
+    assert releases.drain() == size and gone() is None
+    assert releases.pending_bytes == len(releases._queued[0].mapping)
+    assert torch.equal(kept, torch.full((mmap.PAGESIZE,), 3, dtype=torch.uint8))
+    del kept
+    assert releases.drain() > 0 and releases.pending_bytes == 0
