@@ -76,7 +76,7 @@ class Observation:
     fleet: dict[str, Any]  # ``GET /admin/fleet`` after the load test
     releases: Answer  # ``GET /admin/releases``
     before: Metrics  # ``/metrics`` before the load test
-    after: Metrics  # ``/metrics`` after it
+    after: Metrics  # ``/metrics`` after it, before the in-use probe
     residency: dict[str, Any]  # ``GET /admin/residency`` after it
     refusals: tuple[tuple[str, Answer], ...]  # operator routes asked with a tenant key or none
     load: LoadResult | None  # None when no adapter could be load-tested
@@ -263,9 +263,12 @@ def observe(
         hot, tail, retired = targets(registry, keys, hits_by_adapter(residency))
         note = key_note + _retired_note(retired)
         result = run_load(deployment, hot, tail, load) if hot else None
+        time.sleep(settle_s)  # NOTE: a fleet's replicas report their counters periodically
+        # NOTE: read before the in-use probe, which evicts its adapter's GPU copies on purpose:
+        # read after it, those evictions were reported as the load test's (item 3)
+        after = deployment.metrics()
         # NOTE: a tail adapter: the hot ones may be pinned, and a pinned copy is kept anyway
         probe = in_use_probe(deployment, (tail or hot)[0]) if hot else None
-    time.sleep(settle_s)  # NOTE: a fleet's replicas report their counters periodically
     # NOTE: after the load, so its routing decisions are counted in it (read before, a fresh
     # fleet showed "decisions": {} although the load test had just routed 136 requests)
     fleet = deployment.admin_json("/admin/fleet")
@@ -273,7 +276,7 @@ def observe(
         note = "no adapter with an alias to load-test"
     return Observation(
         registry=registry, fleet=fleet, releases=releases, before=before,
-        after=deployment.metrics(), residency=deployment.admin_json("/admin/residency"),
+        after=after, residency=deployment.admin_json("/admin/residency"),
         refusals=refusals, load=result, load_note=note, in_use=probe,
     )  # fmt: skip
 
