@@ -224,6 +224,16 @@ class PromptTooLongError(UnservableError):
     """The prompt (plus the tokens it asks for) exceeds the model's context length."""
 
 
+class ContextLengthError(PromptTooLongError):
+    """A request that leaves no room in the model's context, refused before it is queued (400
+    ``context_length_exceeded`` naming ``param``): the rules of ``sampling.check_prompt_room``
+    and ``sampling.fit_max_tokens``, which the server and the simulator both apply."""
+
+    def __init__(self, message: str, param: str) -> None:
+        self.param = param  # the request field to reduce: "prompt", or the output budget's
+        super().__init__(message)
+
+
 class AdapterTooLargeError(UnservableError):
     """The adapter does not fit in a tier's whole budget, so no eviction can make room."""
 

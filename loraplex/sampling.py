@@ -1,4 +1,6 @@
-"""``SamplingParams``: how one request picks tokens and when it stops.
+"""``SamplingParams``: how one request picks tokens and when it stops; and how many it may ask
+for in a context of ``max_model_len`` (``check_prompt_room``, ``fit_max_tokens``: the server's
+rules before it queues a request, which the simulator applies to a trace's records).
 
 Torch-free, so the HTTP process builds engine requests without importing torch; the sampler
 (``model/sampler.py``) reads it inside the engine.
@@ -8,6 +10,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from loraplex.errors import ContextLengthError
 
 # Below this temperature a request is greedy: dividing logits by a tinier one overflows float32
 # to inf and turns the row's probabilities into NaN. (vLLM 0.32.0 raises one in (0, 0.01) to
@@ -36,6 +40,45 @@ FINISH_ABORT = "abort"
 # (OpenAI's completions default; ``loraplex serve`` always knows the context, and there the
 # default is the rest of it).
 DEFAULT_MAX_TOKENS = 16
+
+
+def check_prompt_room(
+    num_prompt_tokens: int, max_model_len: int, which: str = "the prompt"
+) -> None:
+    """A prompt of ``max_model_len`` tokens or more leaves no room for a token after it: a
+    ``ContextLengthError`` naming ``prompt`` (``which``: how the message names it, e.g.
+    "prompt 2" in a batch). The server refuses it before it is queued (``server/prompts.py``,
+    ``server/prompt_bounds.py``), and so does the simulator (``sim/refusal.py``)."""
+    if num_prompt_tokens >= max_model_len:
+        raise ContextLengthError(
+            f"this model's maximum context length is {max_model_len} tokens; {which} has "
+            f"{num_prompt_tokens} token ids (at most {max_model_len - 1}, so that one token can "
+            "follow); reduce the prompt",
+            "prompt",
+        )
+
+
+def fit_max_tokens(
+    requested: int | None, num_prompt_tokens: int, max_model_len: int | None, param: str
+) -> int:
+    """The output budget of one prompt: ``requested``; when None, the rest of the context, or
+    ``DEFAULT_MAX_TOKENS`` (16) where the context length is not known (a server built without
+    one; ``loraplex serve`` always passes it). A prompt plus an explicit ``requested`` beyond
+    the context is a ``ContextLengthError`` naming ``param`` (vLLM's rule) rather than a
+    silently shorter output; the server (``server/submit.py``) and the simulator both apply it."""
+    if max_model_len is None:
+        return requested if requested is not None else DEFAULT_MAX_TOKENS
+    remaining = max_model_len - num_prompt_tokens
+    if requested is None:
+        return max(1, remaining)  # a prompt filling the context is refused by its own check
+    if requested > remaining:
+        raise ContextLengthError(
+            f"this model's maximum context length is {max_model_len} tokens; the request asks "
+            f"for {num_prompt_tokens + requested} ({num_prompt_tokens} in the prompt, "
+            f"{requested} in {param}); reduce the prompt or {param}",
+            param,
+        )
+    return requested
 
 
 @dataclass(frozen=True)

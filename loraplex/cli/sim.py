@@ -248,9 +248,11 @@ def _records(
 
 def summary(m: dict[str, Any]) -> str:
     """The run's main figures as a few lines of text (``--json`` gives them all)."""
+    refused = m["refused"]  # refused at arrival, in no TTFT (docs/simulator.md)
     lines = [
         f"requests {m['requests']}  completed {m['completed']} "
-        f"(ratio {figure(m['completed_ratio'], '.4g')})",
+        f"(ratio {figure(m['completed_ratio'], '.4g')})"
+        + (f"  refused at arrival {named_figures(refused)}" if refused else ""),
         "  ".join(
             ttft_text(m[key], label)
             for key, label in (

@@ -40,6 +40,7 @@ from loraplex.errors import (
     ArtifactNotFoundError,
     AuthenticationError,
     CapacityError,
+    ContextLengthError,
     EngineUnavailableError,
     GenerationError,
     InvalidRequestError,
@@ -193,8 +194,16 @@ def _capacity(exc: CapacityError) -> ApiError:
     return ApiError(503, str(exc), "server_error", "capacity_exceeded", None, headers)
 
 
+def context_error(exc: ContextLengthError) -> ApiError:
+    """The 400 of a request that leaves no room in the context (``sampling``'s rules), naming
+    the field to reduce."""
+    return ApiError(400, str(exc), "invalid_request_error", "context_length_exceeded", exc.param)
+
+
 def _unservable(exc: UnservableError, prompt_param: str) -> ApiError:
     kind = "invalid_request_error"
+    if isinstance(exc, ContextLengthError):
+        return context_error(exc)
     if isinstance(exc, PromptTooLongError):
         return ApiError(400, str(exc), kind, "context_length_exceeded", prompt_param)
     if isinstance(exc, AdapterTooLargeError):

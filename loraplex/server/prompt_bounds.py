@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Request
 
+from loraplex.errors import ContextLengthError
+from loraplex.sampling import check_prompt_room
 from loraplex.server.auth import DepsDep
-from loraplex.server.errors import ApiError, invalid_request
+from loraplex.server.errors import context_error, invalid_request
 from loraplex.server.limits import check_prompt_chars
 from loraplex.server.protocol import MAX_BATCH_PROMPTS
 
@@ -36,8 +38,8 @@ def prompt_lengths(body: object, config: ServerConfig) -> None:
     for index, prompt in _prompts(body.get("prompt")):
         if isinstance(prompt, str):
             check_prompt_chars(len(prompt), config.max_prompt_chars, "prompt")
-        elif max_len is not None and len(prompt) >= max_len:
-            raise context_exceeded(index, len(prompt), max_len)
+        elif max_len is not None:
+            check_context(index, len(prompt), max_len)
 
 
 def detokenize_length(body: object, config: ServerConfig) -> None:
@@ -100,15 +102,12 @@ def _prompts(raw: object) -> Iterator[tuple[int | None, str | list[Any]]]:
             yield index, item
 
 
-def context_exceeded(index: int | None, num_ids: int, max_len: int) -> ApiError:
-    """The 400 of a prompt (``index`` in a batch, None: the only one) of ``num_ids`` ids, which
-    leave no room for a token in a context of ``max_len``."""
+def check_context(index: int | None, num_ids: int, max_len: int) -> None:
+    """The 400 of a prompt (``index`` in a batch, None: the only one) of ``num_ids`` ids that
+    leaves no room for a token in a context of ``max_len``: ``sampling.check_prompt_room``, the
+    rule the simulator applies too."""
     which = "the prompt" if index is None else f"prompt {index}"
-    return ApiError(
-        400,
-        f"this model's maximum context length is {max_len} tokens; {which} has {num_ids} token "
-        f"ids (at most {max_len - 1}, so that one token can follow); reduce the prompt",
-        "invalid_request_error",
-        "context_length_exceeded",
-        "prompt",
-    )
+    try:
+        check_prompt_room(num_ids, max_len, which)
+    except ContextLengthError as exc:
+        raise context_error(exc) from None

@@ -13,7 +13,7 @@ from loraplex.server.choices import Echo
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
 from loraplex.server.limits import check_prompt_chars
-from loraplex.server.prompt_bounds import context_exceeded
+from loraplex.server.prompt_bounds import check_context
 from loraplex.server.protocol import ChatCompletionRequest, Prompt
 
 
@@ -52,8 +52,8 @@ def _encode_all(deps: ServerDeps, prompts: Sequence[str | list[int]]) -> list[li
     encoded = []
     for index, prompt in enumerate(prompts):
         ids = _prompt_ids(deps, prompt)
-        if max_len is not None and len(ids) >= max_len:
-            raise context_exceeded(index if len(prompts) > 1 else None, len(ids), max_len)
+        if max_len is not None:
+            check_context(index if len(prompts) > 1 else None, len(ids), max_len)
         encoded.append(ids)
     return encoded
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from loraplex.errors import clipped
-from loraplex.sampling import DEFAULT_MAX_TOKENS, MAX_BIAS, SamplingParams
-from loraplex.server.errors import ApiError, invalid_request
+from loraplex import sampling
+from loraplex.errors import ContextLengthError, clipped
+from loraplex.sampling import MAX_BIAS, SamplingParams
+from loraplex.server.errors import context_error, invalid_request
 from loraplex.server.protocol import (
     NEUTRAL,
     ChatCompletionRequest,
@@ -162,23 +163,9 @@ def check_sampling(
 def fit_max_tokens(
     requested: int | None, num_prompt_tokens: int, max_model_len: int | None, param: str
 ) -> int:
-    """The output budget of one prompt: ``requested``; when None, the rest of the context, or
-    ``DEFAULT_MAX_TOKENS`` (16) where the context length is not known (a server built without
-    one; ``loraplex serve`` always passes it). A prompt plus an explicit ``requested`` beyond
-    the context is a 400 (vLLM's rule) rather than a silently shorter output."""
-    if max_model_len is None:
-        return requested if requested is not None else DEFAULT_MAX_TOKENS
-    remaining = max_model_len - num_prompt_tokens
-    if requested is None:
-        return max(1, remaining)  # a prompt filling the context is refused by its own check
-    if requested > remaining:
-        raise ApiError(
-            400,
-            f"this model's maximum context length is {max_model_len} tokens; the request asks "
-            f"for {num_prompt_tokens + requested} ({num_prompt_tokens} in the prompt, "
-            f"{requested} in {param}); reduce the prompt or {param}",
-            "invalid_request_error",
-            "context_length_exceeded",
-            param,
-        )
-    return requested
+    """``sampling.fit_max_tokens`` (the rule the simulator applies too), its refusal the 400
+    naming ``param``."""
+    try:
+        return sampling.fit_max_tokens(requested, num_prompt_tokens, max_model_len, param)
+    except ContextLengthError as exc:
+        raise context_error(exc) from None

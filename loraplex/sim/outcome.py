@@ -19,6 +19,9 @@ class Outcome:
     output_tokens: int = 0  # tokens generated
     error: str | None = None  # the domain error that ended it (class name); None: finished
     reason: str | None = None  # fleet: the router's reason for its replica; None: one server
+    # the server's error code when it was refused at arrival, before any queue (``sim/refusal``:
+    # a 400, no TTFT); None: it reached an engine
+    refused: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -27,7 +30,7 @@ class Outcome:
 
 # An ended request's ``Outcome`` as its fields in order (``Outcome(*fields)`` restores it).
 Sealed: TypeAlias = tuple[
-    float, str, int, str | None, float | None, float | None, int, str | None, str | None
+    float, str, int, str | None, float | None, float | None, int, str | None, str | None, str | None
 ]
 
 
@@ -74,6 +77,7 @@ class OutcomeLog:
                 o.output_tokens,
                 o.error,
                 o.reason,
+                o.refused,
             )
             self.num_sealed += 1
         self._open, self._looked = live, len(items)

@@ -2,7 +2,9 @@
 
 Every figure is deterministic for a given trace, config and cost model (no wall time here).
 Ratios whose denominator is 0 are None (null), never 0; a failed request counts in the TTFT
-percentiles as ``SimConfig.timeout_s`` (WORKLOADS.md: failures count).
+percentiles as ``SimConfig.timeout_s`` (WORKLOADS.md: failures count). A request the server
+refuses at once (``Outcome.refused``: a 400 before any queue) is counted in ``refused`` and in
+no TTFT percentile, as ``bench sim``'s real side counts a 400 reply (``bench/sim/validate.py``).
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ def ratio(numerator: float, denominator: float, digits: int = 4) -> float | None
 
 
 def ttft_ms(outcomes: Sequence[Outcome], timeout_s: float) -> dict[str, float | None]:
-    """Count and P50/P90/P99 TTFT in ms over every request (a failed one at ``timeout_s``)."""
-    values = sorted(1000 * _ttft(o, timeout_s) for o in outcomes)
+    """Count and P50/P90/P99 TTFT in ms over every request not refused at arrival (a failed
+    one at ``timeout_s``)."""
+    values = sorted(1000 * _ttft(o, timeout_s) for o in outcomes if o.refused is None)
     qs = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
     if not values:
         return {"n": 0, **dict.fromkeys(qs)}
@@ -110,7 +113,8 @@ def request_figures(outcomes: Sequence[Outcome], timeout_s: float) -> dict[str, 
     start = min((o.t_s for o in outcomes), default=0.0)
     makespan = max(ends, default=start) - start
     done = [o for o in outcomes if o.ok]
-    errors = Counter(o.error for o in outcomes if o.error is not None)
+    errors = Counter(o.error for o in outcomes if o.error is not None and o.refused is None)
+    refused = Counter(o.refused for o in outcomes if o.refused is not None)
     return {
         **_group(outcomes, timeout_s),
         "ttft_ms_warm": ttft_ms([o for o in outcomes if o.tier == "L0"], timeout_s),
@@ -119,6 +123,7 @@ def request_figures(outcomes: Sequence[Outcome], timeout_s: float) -> dict[str, 
         "throughput_requests_per_s": ratio(len(done), makespan, 3),
         "throughput_tokens_per_s": ratio(sum(o.output_tokens for o in done), makespan, 3),
         "errors": dict(sorted(errors.items())),
+        "refused": dict(sorted(refused.items())),
         "by_tier": _grouped(outcomes, lambda o: o.tier or "none", timeout_s),
         "by_tenant": _grouped(outcomes, lambda o: o.tenant, timeout_s),
     }

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -30,8 +29,10 @@ from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.cpu import CpuShare
 from loraplex.sim.fleet import SimFleetRouter
+from loraplex.sim.hops import Hops
 from loraplex.sim.names import check_adapter_keys, check_replica_ids
 from loraplex.sim.outcome import Outcome, OutcomeLog
+from loraplex.sim.refusal import refusal
 from loraplex.sim.replica import SimReplica
 from loraplex.sim.result import SimResult, cache_figures, fleet_figures, request_figures
 from loraplex.sim.step_cost import adapter_shapes
@@ -195,15 +196,9 @@ def _simulate(
         for i in range(config.replicas)
     ]
     fleet = SimFleetRouter(config, clock, replicas) if config.replicas > 1 else None
-    hop_s = cost_model.front_s + cost_model.ipc_s + (cost_model.network_s if fleet else 0.0)
-    # Its own stream (string seeds hash by SHA-512: the same in every process), drawn once per
-    # request in trace order, so the router's random choices are the same with or without it.
-    spread = cost_model.network_jitter_s if fleet else ()
-    jittered = bool(cost_model.hop_jitter_s or spread)
-    jitter = random.Random(f"hop-jitter-{config.seed}") if jittered else None
+    hops = Hops(cost_model, fleet is not None, config.seed, cpu)
     outcomes = OutcomeLog()
     last_t = 0.0
-    busy = _BusyHop(cost_model.hop_busy_s if fleet is None else 0.0)  # a lone server's only
     for index, record in enumerate(trace):
         if record.t_s < last_t:
             raise ValueError(f"trace[{index}].t_s {record.t_s} is invalid; expected sorted")
@@ -211,6 +206,8 @@ def _simulate(
         executor.run_until(record.t_s)
         outcome = Outcome(record.t_s, record.tenant)
         outcomes.add(outcome)
+        if _refused(record, config, outcome):
+            continue  # answered by the front: no route, no hop, no engine
         named = record.adapter
         adapter = None if named is None else adapters[adapter_place(record.tenant, named)]
         request = _engine_request(index, record, adapter)
@@ -220,16 +217,7 @@ def _simulate(
             route = RouteRequest(key, None, record.prompt_tokens)
             replica, outcome.reason = fleet.route(route, request.request_id)
         outcome.replica = replica.index
-        hop = hop_s
-        if jitter is not None:
-            hop = max(0.0, hop_s + cost_model.hop_jitter(jitter.random(), fleet is not None))
-        if index == 0:
-            hop += cost_model.first_hop_s  # the front's first reply (0 without the key)
-        hop = busy.added(replica, record.t_s, hop)
-        if cpu is not None:
-            cpu.requests += 1  # its replica counts its end
-            hop *= cpu.hop_stretch()  # 1 without a contention curve
-            cpu.add_hop(record.t_s, record.t_s + hop)
+        hop = hops.charged(replica, record.t_s)
         executor.call_at(record.t_s + hop, _submit(replica, request, outcome))
     executor.drain()
     for replica in replicas:
@@ -242,23 +230,16 @@ def _simulate(
     return _result(trace, config, cost_model, replicas=replicas, fleet=fleet, outcomes=ended)
 
 
-class _BusyHop:
-    """A lone server's busy hop (``CostModel.hop_busy_s``): added to a request's hop when
-    another request is in flight on the server at its arrival, live in its engine or still on
-    its way in (its hop not ended)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self._hops_end = 0.0  # when the last hop charged so far ends
-
-    def added(self, replica: SimReplica, t_s: float, hop: float) -> float:
-        """``hop`` of a request arriving at ``t_s``, with the busy seconds when they apply."""
-        if not self.seconds:
-            return hop
-        if replica.num_live or self._hops_end > t_s:
-            hop += self.seconds
-        self._hops_end = max(self._hops_end, t_s + hop)
-        return hop
+def _refused(record: TraceRecord, config: SimConfig, outcome: Outcome) -> bool:
+    """Whether the server refuses ``record`` before queueing it (``sim/refusal.py``): then
+    ``outcome`` ends at its arrival, marked with the server's code."""
+    answer = refusal(record, config.max_model_len)
+    if answer is None:
+        return False
+    outcome.end_s = record.t_s
+    outcome.error = answer.error
+    outcome.refused = answer.code
+    return True
 
 
 def _engine_request(index: int, record: TraceRecord, adapter: SimAdapter | None) -> EngineRequest:

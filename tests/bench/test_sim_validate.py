@@ -67,6 +67,23 @@ def test_request_outcome_counts_failures_at_the_timeout_and_spans_the_makespan()
     assert split["ttft_ms_warm"]["p99"] == pytest.approx(10_000.0, rel=0.01)  # the failure
 
 
+def test_a_400_is_refused_and_in_no_percentile_as_the_simulator_counts_it() -> None:
+    """The server refuses a request it can never serve before queueing it (a 400: a prompt
+    beyond the context, ``sim/refusal.py``); the simulator refuses it at arrival and times it
+    in no percentile, so the real side leaves it out too. Load failures (503, no reply) stay
+    in at the timeout; every request stays in ``requests`` and the completed ratio."""
+    served = [_record(0.0, 0.1), _record(1.0, 0.2), _record(2.0, None, status=503)]
+    refused = [_record(0.5, None, status=400), _record(1.5, None, status=400)]
+    out = request_outcome(sorted(served + refused, key=lambda r: r.t_s), timeout_s=10.0)
+    alone = request_outcome(served, timeout_s=10.0)
+    for key in ("ttft_ms", "ttft_ms_warm", "ttft_ms_cold"):
+        assert out[key] == alone[key], key
+    assert out["ttft_ms"]["p99"] == pytest.approx(10_000.0, rel=0.01)  # the 503
+    assert (out["refused"], alone["refused"]) == ({"400": 2}, {})
+    assert (out["requests"], out["completed"]) == (5, 2)
+    assert out["completed_ratio"] == pytest.approx(0.4)
+
+
 def test_fleet_statuses_sum_into_per_tier_hit_ratios() -> None:
     def status(l0: int, l1: int, l2: int, miss: int, loads: int) -> dict[str, object]:
         stats = SimpleNamespace(loads={Tier.L0: loads})

@@ -13,6 +13,7 @@ from loraplex.errors import (
     AuthenticationError,
     CacheIntegrityError,
     CapacityError,
+    ContextLengthError,
     CorruptArtifactError,
     DigestMismatchError,
     EngineUnavailableError,
@@ -131,6 +132,14 @@ def test_a_too_long_prompt_names_the_field_it_came_from() -> None:
     assert to_api_error(PromptTooLongError("2049 tokens"), TENANT).param == "prompt"
     chat = to_api_error(PromptTooLongError("2049 tokens"), TENANT, prompt_param="messages")
     assert chat.param == "messages"
+    # ``sampling``'s context rules name their own field (the output budget's, or the prompt)
+    budget = ContextLengthError("asks for 600", "max_completion_tokens")
+    answer = to_api_error(budget, TENANT, prompt_param="messages")
+    assert (answer.status, answer.code, answer.param) == (
+        400,
+        "context_length_exceeded",
+        "max_completion_tokens",
+    )
 
 
 def test_tenant_never_sees_artifact_details_or_internals() -> None:

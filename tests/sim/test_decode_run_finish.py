@@ -58,11 +58,10 @@ def test_runs_through_a_finish_give_every_request_the_step_by_step_outcome(
 
 
 def test_a_run_ends_where_a_context_fills(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 40 prompt tokens and up to 177 out in a 96-token context: each ends when it is full.
+    # 40 prompt tokens and 56 out in a 96-token context: each ends when it is full (more out
+    # is refused at arrival, as the server refuses it).
     finished = _finishing_runs(monkeypatch)
-    trace = [
-        TraceRecord(0.01 * i, f"t{i % 2}", f"a{i % 3}", 40, 100 + 7 * i, rank=8) for i in range(12)
-    ]
+    trace = [TraceRecord(0.01 * i, f"t{i % 2}", f"a{i % 3}", 40, 56, rank=8) for i in range(12)]
     stepped, bulk = _both(trace, SimConfig(max_model_len=96, max_loras=2), cost())
     assert bulk == stepped
     assert {o.output_tokens for o in bulk[1]} == {96 - 40}

@@ -79,7 +79,7 @@ def test_the_text_summary_reads_as_figures() -> None:
         "cold_loads_per_1k_requests": 400.0, "store_loads": 1,
         "hit_ratio": {"L0": 0.75, "L1": 0.0, "L2": None, "L3": 0.25},
         "throughput_tokens_per_s": 123.456, "decisions": {"gpu_hit": 3, "placement": 1},
-        "imbalance": 1.3333,
+        "imbalance": 1.3333, "refused": {},
     }  # fmt: skip
     assert summary(metrics).splitlines() == [
         "requests 5  completed 4 (ratio 0.8)",
@@ -90,6 +90,10 @@ def test_the_text_summary_reads_as_figures() -> None:
         "throughput 123.5 tokens/s",
         "decisions gpu_hit 3, placement 1  imbalance 1.33",
     ]
+    refused = {**metrics, "requests": 7, "refused": {"context_length_exceeded": 2}}
+    assert summary(refused).splitlines()[0] == (
+        "requests 7  completed 4 (ratio 0.8)  refused at arrival context_length_exceeded 2"
+    )
 
 
 def test_bad_flags_are_refused_by_name(tmp_path: Path) -> None:

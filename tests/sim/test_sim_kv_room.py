@@ -48,11 +48,17 @@ def test_a_kv_space_smaller_than_one_sequence_is_refused_not_simulated_forever()
     )
 
 
-def test_exactly_one_sequence_of_kv_runs_a_longer_request_to_max_model_len() -> None:
-    """At the limit the rule allows, the request the refused config hung on ends as the engine
-    ends it: at ``max_model_len`` tokens (32 - 20 prompt = 12 output), not at its 40."""
+def test_exactly_one_sequence_of_kv_runs_a_request_that_fills_the_context() -> None:
+    """At the limit the rule allows, a request of ``max_model_len`` tokens (20 prompt + 12
+    output) runs to its end; the request the refused config hung on (20 + 40) is refused at
+    arrival, as the server answers it (a 400 ``context_length_exceeded``; before 2026-12-07 it
+    ran and ended at 32 tokens)."""
     config = SimConfig(num_kv_blocks=2, block_size=16, max_model_len=32)
-    metrics = _within(30.0, lambda: simulate(_LONG, config, cost()).metrics)
+    refused = _within(30.0, lambda: simulate(_LONG, config, cost()).metrics)
+    assert isinstance(refused, dict)
+    assert refused["refused"] == {"context_length_exceeded": 1} and refused["completed"] == 0
+    full = [TraceRecord(0.0, "t", "a", 20, 12)]
+    metrics = _within(30.0, lambda: simulate(full, config, cost()).metrics)
     assert isinstance(metrics, dict)
     assert metrics["completed"] == 1 and metrics["errors"] == {}
     tokens = metrics["throughput_tokens_per_s"] * metrics["makespan_s"]

@@ -70,7 +70,11 @@ recorded before. L0 hit ratio, TTFT P50 / P99 before -> after: hot-fleet 0.5688 
 Recorded again for every case when the result's ``cold_loads`` (the acquires that reached the
 store) was renamed ``store_loads`` (2026-12-07; docs/simulator.md): with ``store_loads`` named
 ``cold_loads`` again and the JSON re-serialized (sorted keys) each case gave the digest recorded
-before, byte for byte."""
+before, byte for byte.
+
+Recorded again for every case when the result gained ``refused`` (2026-12-07, simrefuse: requests
+the server refuses at arrival, ``sim/refusal.py``; none in these traces, so ``{}``): with that key
+taken out of the JSON each case was equal to main 4eaf05f's, whose digests were the ones above."""
 
 from __future__ import annotations
 
@@ -87,12 +91,12 @@ from loraplex.sim.run import simulate
 from loraplex.sim.scale import synthetic_trace
 
 RECORDED = {
-    "zipf-single": "b597bc0992656044d3c2ad4f8a04e7fa3a5c96662c670fabde0e94a8e0cb4a3f",
-    "hot-fleet": "19587438a6bb29597aab3643638b4b8282aa893f908127f15bd32e0ea5554b71",
-    "cold-scarce": "1873089ac549687115419f4be49781daf4a57935f3e992d0194985dd63ad70bc",
-    "hot-classes-shared-cpu": "c32d871f6a24ebd5658506b70a0a16bda8ee09f7ad39b64b61354bf7585bb775",
-    "zipf-tight-kv": "8d597bc297f2326c21d960f165e36a71fcb55e4848f162cf936bbb366c60fb5c",
-    "scale-8": "53e5cae2dafa288fa2f9b0d5c14076f6e1ec6e886aeb3baceeb6351bf846793a",
+    "zipf-single": "6d4adc1732afdcd622fa69ca7fd9777b7a60f8195910169355b280df65c75d33",
+    "hot-fleet": "b75813a4e0b15b4b2f8b7e477ffd7dc5fb33c7aa693497f664ecc97c16eec7c6",
+    "cold-scarce": "0a66663bc0aa9ff877afc26e87c7129048464f98bd1dc72c805319ff73613277",
+    "hot-classes-shared-cpu": "2933330e9b8d743b218bc1a6267f4e89587eb99592b5d75fe1945450457afe87",
+    "zipf-tight-kv": "6f92670f51db9400de28def0889820efcd7bcdc2158c0d64a87bda9391fffbb2",
+    "scale-8": "0956508aee982f73073c726213c82b05bab5ceb80598bcd65e42c56922cd9c98",
 }
 
 

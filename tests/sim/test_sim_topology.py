@@ -12,7 +12,7 @@ from sim_inputs import cost, scenario
 
 from loraplex.router import ReplicaReport
 from loraplex.router.topology import TopologyConfig
-from loraplex.sim import fleet
+from loraplex.sim import fleet, run
 from loraplex.sim.config import SimConfig
 from loraplex.sim.outcome import Outcome
 from loraplex.sim.replica import SimReplica
@@ -76,8 +76,9 @@ def test_a_topology_that_would_never_dedicate_is_refused() -> None:
 
 def _refused_hot_trace() -> list[TraceRecord]:
     """Every 0.1 s a tail request (one of ten revisions, 200 prompt tokens), and every 0.2 s a
-    "hot" request of a prompt longer than ``max_model_len``, refused at once by the replica:
-    counted, the hot revision is most of the routed tokens (a share of about 0.6)."""
+    "hot" request of a prompt longer than ``max_model_len``, refused at once by the replica
+    (with the front's check off, below): counted, the hot revision is most of the routed tokens
+    (a share of about 0.6)."""
     trace = []
     for i in range(200):
         trace.append(TraceRecord(i * 0.1, "tail", f"t{i % 10}", 200, 8))
@@ -92,13 +93,21 @@ def test_a_request_refused_before_its_first_token_is_uncounted_from_the_topology
     """As the fleet's engine client withdraws a request that ends without a first token
     (``routing.UNADMITTED``), the simulator uncounts it from the real ``FleetTopology``: a
     tenant's refused requests dedicate no replica (counted, they made the hot revision half
-    the window's tokens, a replica's worth on two replicas)."""
+    the window's tokens, a replica's worth on two replicas). The front refuses these prompts
+    before routing (``sim/refusal.py``; then nothing reaches the topology at all): turned off
+    here, they reach the replica, whose engine refuses them (``PromptTooLongError``), as it
+    would any request refused after routing."""
     asks: list[tuple[str, str | None]] = []
     monkeypatch.setattr(fleet.SimFleetRouter, "_ask", lambda self, r, k: asks.append((r, k)))
-    outcomes: list[Outcome] = []
     config = SimConfig(replicas=2, max_model_len=512, topology=TopologyConfig(window_s=5.0))
+    at_front: list[Outcome] = []
+    simulate(_refused_hot_trace(), config, cost(), keep_outcomes=at_front)
+    assert {o.refused for o in at_front if o.tenant == "hot"} == {"context_length_exceeded"}
+    monkeypatch.setattr(run, "refusal", lambda record, max_model_len: None)
+    outcomes: list[Outcome] = []
     simulate(_refused_hot_trace(), config, cost(), keep_outcomes=outcomes)
     hot = [o for o in outcomes if o.tenant == "hot"]
-    assert hot and all(o.error is not None and o.first_token_s is None for o in hot)
+    assert hot and all(o.error == "PromptTooLongError" and o.replica >= 0 for o in hot)
+    assert all(o.first_token_s is None for o in hot)
     assert all(o.ok for o in outcomes if o.tenant == "tail")
     assert asks == []

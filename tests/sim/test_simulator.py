@@ -185,13 +185,17 @@ def test_an_all_linear_adapter_costs_its_bytes_where_the_file_prices_them() -> N
 
 def test_cold_and_warm_ttft_and_failures_count() -> None:
     trace = [TraceRecord(0.0, "t", "a", 32, 4), TraceRecord(2.0, "t", "a", 32, 4)]
-    trace.append(TraceRecord(3.0, "t", "b", 4096, 4))  # longer than max_model_len: refused
-    metrics = simulate(trace, SimConfig(timeout_s=9.0), cost()).metrics
+    # arrives with "a"'s second request, with the engine queue full: refused by the engine
+    trace.append(TraceRecord(2.0, "t", "b", 32, 4))
+    trace.append(TraceRecord(3.0, "t", "b", 4096, 4))  # longer than max_model_len: a 400
+    metrics = simulate(trace, SimConfig(timeout_s=9.0, max_queue_len=1), cost()).metrics
     assert metrics["ttft_ms_cold"]["n"] == 1 and metrics["ttft_ms_warm"]["n"] == 1
     assert metrics["ttft_ms_cold"]["p50"] > metrics["ttft_ms_warm"]["p50"]
-    assert metrics["completed"] == 2 and metrics["errors"] == {"PromptTooLongError": 1}
+    assert metrics["completed"] == 2 and metrics["errors"] == {"QueueFullError": 1}
+    assert metrics["refused"] == {"context_length_exceeded": 1}
+    assert metrics["ttft_ms"]["n"] == 3  # the refused request is in no percentile
     assert metrics["ttft_ms"]["p99"] == 9000.0  # the failed request counts at timeout_s
-    assert metrics["by_tenant"]["t"]["completed_ratio"] == pytest.approx(2 / 3, abs=1e-4)
+    assert metrics["by_tenant"]["t"]["completed_ratio"] == pytest.approx(2 / 4, abs=1e-4)
 
 
 def test_an_adapter_above_the_slot_rank_is_refused_naming_it() -> None:
@@ -237,9 +241,11 @@ def test_every_request_ends_when_loads_are_scarce() -> None:
 
 
 def test_a_request_ends_when_its_context_is_full() -> None:
-    trace = [TraceRecord(0.0, "t", "a", 100, 500)]
+    """100 + 28 tokens fill a 128-token context; 100 + 500 is refused at arrival, as the
+    server answers it (a 400; before, it ran and ended at 28 tokens: ``test_sim_refusal.py``)."""
+    trace = [TraceRecord(0.0, "t", "a", 100, 28), TraceRecord(9.0, "t", "a", 100, 500)]
     metrics = simulate(trace, SimConfig(max_model_len=128), cost()).metrics
-    assert metrics["completed"] == 1
+    assert metrics["completed"] == 1 and metrics["refused"] == {"context_length_exceeded": 1}
     assert metrics["throughput_tokens_per_s"] == pytest.approx(28 / metrics["makespan_s"], 1e-3)
 
 

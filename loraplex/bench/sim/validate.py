@@ -4,9 +4,12 @@ real fleet (``bench fleet``'s: a local Ray cluster, a fresh deployment per trace
 affinity-until-saturated router), each reduced to the outcome keys ``compare.OUTCOME_KEYS``.
 
 Both sides start cold (no warm-up: the simulator starts with empty caches too) and see the same
-requests. TTFT counts every request (failures at the timeout); the makespan runs from the first
-arrival to the last end (a completed request ends at TTFT + TPOT x (tokens - 1), a failed one
-at its reply or the timeout), as ``sim/result.py`` measures it.
+requests. TTFT counts every request (failures at the timeout) but those the server refused
+before queueing them (a 400 reply: ``refused``, by status; the simulator refuses the same
+requests at arrival, ``sim/refusal.py``, and leaves them out of its percentiles too); the
+makespan runs from the first arrival to the last end (a completed request ends at TTFT + TPOT x
+(tokens - 1), a failed or refused one at its reply or the timeout), as ``sim/result.py``
+measures it.
 """
 
 from __future__ import annotations
@@ -66,22 +69,31 @@ def _end_s(record: RequestRecord, timeout_s: float) -> float:
     return record.t_s + (record.reply_s if record.reply_s is not None else timeout_s)
 
 
+# The status of a request the server refused before queueing it: it can never be served as
+# sent (``server/errors.py``), so no TTFT is measured; load failures are 429, 503 or no reply.
+REFUSED_STATUS = 400
+
+
 def request_outcome(records: Sequence[RequestRecord], timeout_s: float) -> dict[str, Any]:
-    """TTFT, completion and throughput figures of one replay (sim/result.py's names)."""
+    """TTFT, completion and throughput figures of one replay (sim/result.py's names); a 400
+    reply counts in ``requests`` and ``refused`` and in no TTFT percentile (module docstring)."""
     done = sum(r.ok for r in records)
     start = min((r.t_s for r in records), default=0.0)
     makespan = max((_end_s(r, timeout_s) for r in records), default=start) - start
+    timed = [r for r in records if r.status != REFUSED_STATUS]
+    refused = len(records) - len(timed)
     return {
         "requests": len(records),
         "completed": done,
         "completed_ratio": ratio(done, len(records), 4),
-        "ttft_ms": ttft_ms(records, timeout_s),
+        "ttft_ms": ttft_ms(timed, timeout_s),
         # Diagnostics beside the simulator's (not errors): by the adapter's tier at arrival as
         # the client saw it, where the simulator splits by its lease's tier.
-        "ttft_ms_warm": ttft_ms([r for r in records if r.tier == "L0"], timeout_s),
-        "ttft_ms_cold": ttft_ms([r for r in records if r.tier != "L0"], timeout_s),
+        "ttft_ms_warm": ttft_ms([r for r in timed if r.tier == "L0"], timeout_s),
+        "ttft_ms_cold": ttft_ms([r for r in timed if r.tier != "L0"], timeout_s),
         "makespan_s": round(makespan, 4),
         "throughput_requests_per_s": ratio(done, makespan, 3),
+        "refused": {str(REFUSED_STATUS): refused} if refused else {},
     }
 
 
