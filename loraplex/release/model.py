@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from loraplex.registry.models import MAX_PROBE_TEXT_CHARS
+from loraplex.registry.models import probe_text_error
 
 # What one release may ask of the engine and of every controller tick (a plan is read back from
 # the database at each): its canary steps, its extra probes, each probe's prompt and expected
@@ -110,14 +110,9 @@ def probe_bounds_error(probe: ProbeCase) -> str | None:
     """Why ``probe`` is out of bounds or of the wrong type (naming the field); None when not."""
     for name in ("prompt", "expected"):
         text = getattr(probe, name)
-        if text is None and name == "expected":
-            continue
-        if not isinstance(text, str):
-            return f"{name} {text!r} is invalid; expected a string"
-        if not 0 < len(text) <= MAX_PROBE_TEXT_CHARS:
-            return (
-                f"{name} of {len(text)} characters is invalid; expected 1 to {MAX_PROBE_TEXT_CHARS}"
-            )
+        error = None if text is None and name == "expected" else probe_text_error(name, text)
+        if error is not None:
+            return error
     differ: object = probe.differ_from_stable  # a probe file's JSON may hold any type
     if not isinstance(differ, bool):
         return f"differ_from_stable {differ!r} is invalid; expected true or false"

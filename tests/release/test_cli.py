@@ -291,6 +291,8 @@ OK_PROBE = {"prompt": "2+2=", "expected": "4"}
         (_lines({"prompt": 5, "expected": "4"}), "prompt 5 is invalid"),
         (_lines({"prompt": "p", "expected": 4}), "expected 4 is invalid"),
         (_lines({"prompt": "p", "differ_from_stable": "yes"}), "differ_from_stable 'yes'"),
+        # a lone surrogate: stored, it made every admin answer showing the release a 400
+        (_lines({"prompt": "\ud800 x", "expected": "4"}), "prompt '\\ud800' at character 0"),
     ],
 )
 def test_a_probe_file_over_the_bounds_is_refused_naming_the_line(  # type: ignore[no-untyped-def]

@@ -469,6 +469,7 @@ OVER_BOUNDS = [
     (ReleasePlan(probes=(ProbeCase("p", "x", max_tokens=True),)), "max_tokens True"),
     (ReleasePlan(probes=(ProbeCase(5, "x"),)), "prompt 5 is invalid"),  # type: ignore[arg-type]
     (ReleasePlan(ladder=tuple((i + 1) / 20 for i in range(17))), "ladder of 17 steps"),
+    (ReleasePlan(probes=(ProbeCase("p", "x\ud800"),)), r"expected '\\ud800' at character 1"),
 ]
 
 
