@@ -8,7 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from loraplex.release.model import ProbeCase, ReleasePlan
+from loraplex.release.model import (
+    MAX_LADDER_STEPS,
+    MAX_PROBES,
+    ProbeCase,
+    ReleasePlan,
+    probe_bounds_error,
+)
 
 
 def parse_share(flag: str, text: str) -> float:
@@ -47,7 +53,12 @@ def parse_ladder(share: str | None, ladder: str | None) -> tuple[float, ...]:
         return (parse_share("--share", share),)
     if ladder is None:
         return ReleasePlan().ladder
-    steps = tuple(parse_share("--ladder", part) for part in ladder.split(","))
+    parts = ladder.split(",")
+    if len(parts) > MAX_LADDER_STEPS:
+        raise ValueError(
+            f"--ladder of {len(parts)} steps is invalid; expected at most {MAX_LADDER_STEPS}"
+        )
+    steps = tuple(parse_share("--ladder", part) for part in parts)
     if any(b <= a for a, b in itertools.pairwise(steps)):
         raise ValueError(f"--ladder {ladder!r} is invalid; expected strictly increasing shares")
     return steps
@@ -55,24 +66,38 @@ def parse_ladder(share: str | None, ladder: str | None) -> tuple[float, ...]:
 
 def read_probes(path: Path) -> tuple[ProbeCase, ...]:
     """One JSON object per line: ``prompt`` and ``expected`` and/or ``differ_from_stable``,
-    optional ``max_tokens``. Unknown keys are refused, naming the line."""
+    optional ``max_tokens``. Unknown keys, a value of the wrong type or over its bound, and more
+    than ``MAX_PROBES`` probes are refused, naming the line (read no further than that)."""
     known = {"prompt", "expected", "differ_from_stable", "max_tokens"}
     cases = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"--probe-file {path} line {number}"
-        try:
-            raw: Any = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where} is not JSON: {exc.msg}") from exc
-        if not isinstance(raw, dict):
-            raise ValueError(f"{where} is invalid; expected a JSON object")
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ValueError(f"{where}: keys {unknown} are unknown; expected {sorted(known)}")
-        try:
-            cases.append(ProbeCase(**raw))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: {exc}") from exc
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                cases.append(_probe_line(f"--probe-file {path} line {number}", line, known))
+            if len(cases) > MAX_PROBES:
+                raise ValueError(
+                    f"--probe-file {path} line {number} is probe {len(cases)}; expected at "
+                    f"most {MAX_PROBES} probes"
+                )
     return tuple(cases)
+
+
+def _probe_line(where: str, line: str, known: set[str]) -> ProbeCase:
+    """One line of the probe file as a probe (``where`` names it in every error)."""
+    try:
+        raw: Any = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where} is not JSON: {exc.msg}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} is invalid; expected a JSON object")
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{where}: keys {unknown} are unknown; expected {sorted(known)}")
+    try:
+        case = ProbeCase(**raw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    error = probe_bounds_error(case)
+    if error is not None:
+        raise ValueError(f"{where}: {error}")
+    return case

@@ -208,7 +208,9 @@ class EngineCore:
                 owed.update({first + i: entry for i, entry in enumerate(part.entries)})
         self.scheduler.update(plan, result)
         if self.modes is not None:
-            self.modes.after_step(plan, keys, {rid: req.tenant for rid, req in reqs.items()})
+            tenants = {rid: req.tenant for rid, req in reqs.items()}
+            probes = {rid for rid, req in reqs.items() if req.request.probe}
+            self.modes.after_step(plan, keys, tenants, probes)
         for request_id, token in result.sampled.items():
             self._emit(self._live[request_id], token, result.logprobs.get(request_id))
 

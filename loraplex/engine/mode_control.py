@@ -33,7 +33,7 @@ weights) is never asked for again, in any mode: no lease, no transition, no flap
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 
@@ -118,9 +118,12 @@ class ModeController:
         plan: StepPlan,
         keys: Mapping[str, AdapterKey | None],
         tenants: Mapping[str, str] | None = None,
+        probes: Collection[str] = (),
     ) -> None:
         """Count the step's tokens; ``keys``: request id -> its revision (None: base model);
-        ``tenants``: request id -> its tenant (None: not known, the owner pays a merge)."""
+        ``tenants``: request id -> its tenant (None: not known, the owner pays a merge);
+        ``probes``: ids of a release's output probes (``EngineRequest.probe``), timed with the
+        step's LoRA work but not counted in the token windows: they are no tenant's traffic."""
         now = self.clock.now()
         if self._step_start_s is not None:
             merged = self.switcher.merged_revision is not None
@@ -134,6 +137,8 @@ class ModeController:
             if key is not None and ref is not None:
                 self._keys[ref] = key
                 lora_tokens += len(chunk.token_ids)
+            if chunk.request_id in probes:
+                continue
             self.window.record(now, ref, len(chunk.token_ids))
             tenant = None if tenants is None else tenants.get(chunk.request_id)
             if ref is not None and tenant is not None:

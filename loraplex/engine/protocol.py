@@ -68,6 +68,11 @@ class EngineRequest:
     # Record the engine's stages (``TokenDelta.trace``) without a trace: the front's request
     # log writes them (``server/request_log.py``). False: only a traced request records them.
     stages: bool = False
+    # A release's output probe (``serve/release_env.py``), not a tenant's traffic: ``auto``'s
+    # token window (``ModeController.after_step``) does not count its tokens. NOTE: it did, so a
+    # release's probes alone made ``auto`` merge the candidate they were still checking, before
+    # any tenant called it (docs/benchmarks/attack27.md).
+    probe: bool = False
 
     def __post_init__(self) -> None:
         if not self.request_id:

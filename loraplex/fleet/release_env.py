@@ -82,6 +82,7 @@ class FleetReleaseEnv(ServeReleaseEnv):
             adapter_key=key,
             prompt_token_ids=prompt_ids,
             params=params,
+            probe=True,  # not traffic: ``auto`` does not count it (EngineRequest.probe)
         )
         parts = [d.text async for d in self._fleet_engine.generate_on(replica_id, request)]
         return "".join(parts)

@@ -46,6 +46,30 @@ MAX_PROBE_TEXT_CHARS = 4096
 UNSET = "unset (null; the CLI's --unset)"  # how a refusal names a lifted quota
 
 
+def probe_text_error(field_name: str, text: object) -> str | None:
+    """Why ``text`` cannot be a probe's prompt or expected text (a revision's or a release's),
+    naming ``field_name``; None when it can: a string of 1 to ``MAX_PROBE_TEXT_CHARS``
+    characters that UTF-8 can encode. NOTE: a lone surrogate (JSON's ``"\ud800"``, which
+    Python's parser reads) was stored, and every admin answer showing it (a release's status,
+    the release list holding it) was a 400 "Error serializing to JSON" from then on
+    (docs/benchmarks/attack27.md)."""
+    if not isinstance(text, str):
+        return f"{field_name} {text!r} is invalid; expected a string"
+    if not 0 < len(text) <= MAX_PROBE_TEXT_CHARS:
+        return (
+            f"{field_name} of {len(text)} characters is invalid; expected 1 to "
+            f"{MAX_PROBE_TEXT_CHARS}"
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"{field_name} {text[exc.start : exc.end]!a} at character {exc.start} is "
+            "invalid; expected text UTF-8 can encode (no lone surrogate)"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class TenantQuotas:
     """Per-tenant limits. ``None`` means unlimited."""
@@ -279,11 +303,9 @@ class RegistrationRequest:
         # the release stuck in probing, both revisions pinned, for good.
         for field_name in ("probe_prompt", "expected_continuation"):
             text = getattr(self, field_name)
-            if text is not None and not 0 < len(text) <= MAX_PROBE_TEXT_CHARS:
-                raise ValueError(
-                    f"{field_name} of {len(text)} characters is invalid; expected 1 to "
-                    f"{MAX_PROBE_TEXT_CHARS}"
-                )
+            error = None if text is None else probe_text_error(field_name, text)
+            if error is not None:
+                raise ValueError(error)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,23 @@ graph; anything else raises ``InvalidTransitionError``.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+
+from loraplex.registry.models import probe_text_error
+
+# What one release may ask of the engine and of every controller tick (a plan is read back from
+# the database at each): its canary steps, its extra probes, each probe's prompt and expected
+# text (characters, as a revision's own probe: ``MAX_PROBE_TEXT_CHARS``) and the tokens it
+# generates. Not settings. ``check_plan_bounds`` holds them for every way in (the admin API,
+# ``release start``, ``ReleaseStore.start_release``) and for a stored plan before its probes run.
+# NOTE: only the admin API's body held them; ``release start --probe-file`` took 3,000 probes
+# of 100,000 tokens each (and any JSON type per field), all launched on the engine at once
+# (docs/benchmarks/attack27.md).
+MAX_LADDER_STEPS = 16
+MAX_PROBES = 32
+MAX_PROBE_TOKENS = 256
 
 
 class ReleaseState(StrEnum):
@@ -89,6 +104,41 @@ class ProbeCase:
             raise ValueError("expected is None and differ_from_stable is False; a probe checks one")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens {self.max_tokens} is invalid; expected >= 1")
+
+
+def probe_bounds_error(probe: ProbeCase) -> str | None:
+    """Why ``probe`` is out of bounds or of the wrong type (naming the field); None when not."""
+    for name in ("prompt", "expected"):
+        text = getattr(probe, name)
+        error = None if text is None and name == "expected" else probe_text_error(name, text)
+        if error is not None:
+            return error
+    differ: object = probe.differ_from_stable  # a probe file's JSON may hold any type
+    if not isinstance(differ, bool):
+        return f"differ_from_stable {differ!r} is invalid; expected true or false"
+    tokens: object = probe.max_tokens
+    if (
+        isinstance(tokens, bool)
+        or not isinstance(tokens, int)
+        or not 1 <= tokens <= MAX_PROBE_TOKENS
+    ):
+        return f"max_tokens {tokens!r} is invalid; expected an integer from 1 to {MAX_PROBE_TOKENS}"
+    return None
+
+
+def check_plan_bounds(ladder: Sequence[float], probes: Sequence[ProbeCase]) -> None:
+    """Raises ``ValueError`` naming what is over ``MAX_LADDER_STEPS``, ``MAX_PROBES`` or a
+    probe's bounds (``probe_bounds_error``)."""
+    if len(ladder) > MAX_LADDER_STEPS:
+        raise ValueError(
+            f"ladder of {len(ladder)} steps is invalid; expected at most {MAX_LADDER_STEPS}"
+        )
+    if len(probes) > MAX_PROBES:
+        raise ValueError(f"probes: {len(probes)} is invalid; expected at most {MAX_PROBES}")
+    for index, probe in enumerate(probes):
+        error = probe_bounds_error(probe)
+        if error is not None:
+            raise ValueError(f"probe {index}: {error}")
 
 
 @dataclass(frozen=True)

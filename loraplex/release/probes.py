@@ -12,7 +12,7 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.errors import clipped
 from loraplex.registry.models import Revision
 from loraplex.release.env import ReleaseEnv
-from loraplex.release.model import ProbeCase
+from loraplex.release.model import ProbeCase, check_plan_bounds
 
 T = TypeVar("T")
 
@@ -35,6 +35,9 @@ class ProbeRun:
 
 
 def probe_cases(revision: Revision, extra: tuple[ProbeCase, ...]) -> tuple[ProbeCase, ...]:
+    """The revision's own probe, then ``extra``. Raises ``ValueError`` when ``extra`` is over
+    the bounds (``check_plan_bounds``: a plan stored before they held), before any runs."""
+    check_plan_bounds((), extra)
     own: tuple[ProbeCase, ...] = ()
     if revision.probe_prompt is not None and revision.expected_continuation is not None:
         expected = revision.expected_continuation

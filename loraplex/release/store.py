@@ -30,7 +30,7 @@ from loraplex.release.errors import (
     ReleaseNotFoundError,
     ReleaseStartError,
 )
-from loraplex.release.model import Release, ReleasePlan, ReleaseState
+from loraplex.release.model import Release, ReleasePlan, ReleaseState, check_plan_bounds
 
 S = ReleaseState
 _BEFORE_CANARY = frozenset({S.STAGED, S.PREWARMING, S.PROBING})
@@ -49,7 +49,13 @@ class ReleaseStore:
     def start_release(
         self, tenant: str, name: str, revision: str, plan: ReleasePlan, *, actor: str
     ) -> Release:
-        """Stage a release of ``tenant/name@revision``; the controller takes it from there."""
+        """Stage a release of ``tenant/name@revision``; the controller takes it from there.
+        A plan over the bounds (``model.check_plan_bounds``) is refused before anything is
+        read or written."""
+        try:
+            check_plan_bounds(plan.ladder, plan.probes)
+        except ValueError as exc:
+            raise ReleaseStartError(str(exc)) from None
         now = self._registry.now()
         with self._db.transaction() as tx:
             baseline = self._check_start(tx, tenant, name, revision)

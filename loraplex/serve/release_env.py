@@ -101,6 +101,7 @@ class ServeReleaseEnv:
             adapter_key=key,
             prompt_token_ids=tuple(self._engine.tokenizer.encode(prompt)),
             params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+            probe=True,  # not traffic: ``auto`` does not count it (EngineRequest.probe)
         )
         return asyncio.run_coroutine_threadsafe(self._complete(request), self._loop)
 

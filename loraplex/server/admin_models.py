@@ -26,6 +26,7 @@ from loraplex.registry import (
     Visibility,
     WarmPolicy,
 )
+from loraplex.registry.models import MAX_PROBE_TEXT_CHARS
 from loraplex.registry.sql.paging import (
     DEFAULT_PAGE,
     MAX_CURSOR_CHARS,
@@ -33,14 +34,17 @@ from loraplex.registry.sql.paging import (
     Page,
     every_row,
 )
-from loraplex.release.model import ProbeCase, ReleasePlan, Thresholds
+from loraplex.release.model import (
+    MAX_LADDER_STEPS,
+    MAX_PROBE_TOKENS,
+    MAX_PROBES,
+    ProbeCase,
+    ReleasePlan,
+    Thresholds,
+)
 from loraplex.residency.ledger import Tier
 from loraplex.server.protocol.fields import FirstUnknownKeyBody
 
-MAX_LADDER_STEPS = 16  # canary steps one release may have
-MAX_PROBES = 32  # extra probes one release may run
-MAX_PROBE_PROMPT_CHARS = 4096
-MAX_PROBE_TOKENS = 256
 TIER_NAMES = {"L0": Tier.L0, "gpu": Tier.L0, "L1": Tier.L1, "cpu": Tier.L1, "L2": Tier.L2}
 
 
@@ -162,8 +166,8 @@ class ThresholdsBody(_Body):
 class ProbeBody(_Body):
     """One extra output probe (``release.model.ProbeCase``)."""
 
-    prompt: str = Field(min_length=1, max_length=MAX_PROBE_PROMPT_CHARS)
-    expected: str | None = Field(default=None, min_length=1)
+    prompt: str = Field(min_length=1, max_length=MAX_PROBE_TEXT_CHARS)
+    expected: str | None = Field(default=None, min_length=1, max_length=MAX_PROBE_TEXT_CHARS)
     differ_from_stable: StrictBool = False
     max_tokens: StrictInt = Field(default=16, ge=1, le=MAX_PROBE_TOKENS)
 

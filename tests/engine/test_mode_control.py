@@ -4,7 +4,7 @@ and unmerges when it stops; ``merged:<ref>`` merges the named revision; outputs 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -179,12 +179,13 @@ def test_auto_measures_unmerged_steps_first_and_unmerges_when_merged_is_slower(
         plan: StepPlan,
         keys: Mapping[str, AdapterKey | None],
         tenants: Mapping[str, str] | None = None,
+        probes: Collection[str] = (),
     ) -> None:
         nonlocal merged_steps
         merged = control.switcher.merged_revision is not None
         merged_steps += merged
         clock.advance((2e-3 if merged else 1e-3) * plan.num_tokens)
-        timed(plan, keys, tenants)
+        timed(plan, keys, tenants, probes)
 
     control.after_step = costed  # type: ignore[method-assign]
     # the veto compares steps of one size: decode steps of five measured unmerged first (base
@@ -295,3 +296,36 @@ def test_auto_charges_its_merge_to_the_tenant_whose_traffic_made_it_hot(
     assert control.payer(ref) == "caller"
     control.close()
     cache.check_integrity()
+
+
+def test_a_release_probe_is_not_traffic_auto_merges_on(
+    engine: OfflineEngine, demo_assets: DemoAssets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attack27: a release's output probes (``EngineRequest.probe``) ran on the engine and their
+    tokens counted in ``auto``'s window, so a release's probes alone made ``auto`` merge the
+    candidate they were still checking, before any tenant called it, and every other tenant's
+    requests ran on the merged weights (a live demo server merged ``acme/support@r2`` while
+    probing). Four requests of one revision merge it when they are traffic (the first test);
+    as probes, beside base-model traffic only, nothing is merged."""
+    hot = demo_assets.adapter("acme", "billing", "r1")
+    hot_key = engine.adapter_key(hot.path)
+    skewed = [OfflineRequest(hot.probe_prompt, hot.path, GREEDY)] * 4 + [
+        OfflineRequest(hot.probe_prompt, None, GREEDY)  # the base model: no revision to merge
+    ]
+    want = [r.token_ids for r in engine.generate(skewed)]
+    made = engine._engine_request
+
+    def probed(request: OfflineRequest, key: AdapterKey | None) -> Any:
+        made_request = made(request, key)
+        return replace(made_request, probe=True) if key == hot_key else made_request
+
+    monkeypatch.setattr(engine, "_engine_request", probed)
+    clock = ManualClock()
+    control = controller(engine, "auto", clock, policy=replace(POLICY, payback_s=1e9))
+    got = [r.token_ids for r in engine.generate(skewed, ticking(clock))]  # type: ignore[arg-type]
+    got += [r.token_ids for r in engine.generate(skewed, ticking(clock))]  # type: ignore[arg-type]
+    assert got == want + want
+    assert control.switcher.merged_revision is None and control.transitions == []
+    assert control.window.share(clock.now()).top_revision != ref_of(hot_key)
+    assert control.lora_cost.measured  # the probes' LoRA work is still timed
+    engine.runtime.cache.check_integrity()

@@ -7,7 +7,7 @@ veto now compares steps of one size with each other and is forgotten ``veto_s`` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 
 import pytest
 
@@ -81,9 +81,10 @@ def _costed(
         plan: StepPlan,
         keys: Mapping[str, AdapterKey | None],
         tenants: Mapping[str, str] | None = None,
+        probes: Collection[str] = (),
     ) -> None:
         clock.advance(cost(control.switcher.merged_revision is not None, plan.num_tokens))
-        timed(plan, keys, tenants)
+        timed(plan, keys, tenants, probes)
 
     control.after_step = after_step  # type: ignore[method-assign]
     return control

@@ -77,6 +77,7 @@ def test_equal_answers_pass_with_the_text(link: FleetLink) -> None:
         assert r.request_id.startswith(f"{PROBE_PREFIX}-")
         assert (r.tenant, r.adapter_key, r.prompt_token_ids) == ("acme", key(), (1, 75, 108))
         assert (r.params.temperature, r.params.max_tokens) == (0.0, 2)
+        assert r.probe  # not traffic: ``auto`` does not merge on it (attack27)
 
 
 def test_different_answers_fail_naming_the_replicas(link: FleetLink) -> None:

@@ -46,6 +46,15 @@ def test_probe_texts_are_bounded(field: str, length: int) -> None:
     RegistrationRequest(Path("a"), "acme", "bot", "v1", **texts)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("field", ["probe_prompt", "expected_continuation"])
+def test_probe_texts_must_be_text_utf8_encodes(field: str) -> None:
+    """attack27: a lone surrogate (JSON's ``"\\ud800"``, as a register-many file may hold) was
+    stored, and each admin answer showing it became a 400 "Error serializing to JSON"."""
+    texts = {"probe_prompt": "hello", "expected_continuation": " world", field: "a\ud800b"}
+    with pytest.raises(ValueError, match=rf"{field} '\\ud800' at character 1 is invalid"):
+        RegistrationRequest(Path("a"), "acme", "bot", "v1", **texts)  # type: ignore[arg-type]
+
+
 def test_alias_targets_and_weights_are_bounded(
     registry: Registry, make_adapter: AdapterFactory
 ) -> None:

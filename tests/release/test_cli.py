@@ -269,3 +269,47 @@ def test_adapters_show_reads_the_revisions_page_by_page(  # type: ignore[no-unty
         f"revision    {r}" for r in ("v1", "v2", "v3")
     ]
     assert sizes == [2, 1]
+
+
+def _lines(*probes: dict[str, object]) -> str:
+    return "".join(json.dumps(probe) + "\n" for probe in probes)
+
+
+OK_PROBE = {"prompt": "2+2=", "expected": "4"}
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        (_lines(*[OK_PROBE] * 33), "line 33 is probe 33; expected at most 32 probes"),
+        (_lines(OK_PROBE, {"prompt": "p" * 4097, "expected": "4"}), "line 2: prompt of 4097"),
+        (_lines({"prompt": "p", "expected": "x" * 4097}), "line 1: expected of 4097"),
+        (_lines({"prompt": "p", "expected": "4", "max_tokens": 100000}), "max_tokens 100000"),
+        (_lines({"prompt": "p", "expected": "4", "max_tokens": 257}), "max_tokens 257"),
+        (_lines({"prompt": "p", "expected": "4", "max_tokens": True}), "max_tokens True"),
+        (_lines({"prompt": "p", "expected": "4", "max_tokens": 1.5}), "max_tokens 1.5"),
+        (_lines({"prompt": 5, "expected": "4"}), "prompt 5 is invalid"),
+        (_lines({"prompt": "p", "expected": 4}), "expected 4 is invalid"),
+        (_lines({"prompt": "p", "differ_from_stable": "yes"}), "differ_from_stable 'yes'"),
+        # a lone surrogate: stored, it made every admin answer showing the release a 400
+        (_lines({"prompt": "\ud800 x", "expected": "4"}), "prompt '\\ud800' at character 0"),
+    ],
+)
+def test_a_probe_file_over_the_bounds_is_refused_naming_the_line(  # type: ignore[no-untyped-def]
+    run, registry: Registry, tmp_path: Path, text: str, named: str
+) -> None:
+    """attack27: the probe file was bounded by nothing (the admin API's body is: 32 probes,
+    4096 characters, 256 tokens, typed fields): 3,000 probes of 100,000 tokens each were
+    staged, and run on the engine at once."""
+    probes = tmp_path / "probes.jsonl"
+    probes.write_text(text)
+    out = run("release", "start", "acme/bot", "v2", "--probe-file", str(probes), code=1)
+    assert named in " ".join(out.split()), out
+    assert ReleaseStore(registry).list_releases(include_terminal=True) == []
+
+
+def test_a_ladder_of_more_than_16_steps_is_refused(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]
+    ladder = ",".join(f"{i + 1}%" for i in range(17))
+    out = run("release", "start", "acme/bot", "v2", "--ladder", ladder, code=1)
+    assert "--ladder of 17 steps is invalid; expected at most 16" in " ".join(out.split())
+    assert ReleaseStore(registry).list_releases(include_terminal=True) == []

@@ -12,7 +12,7 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.clock import ManualClock
 from loraplex.registry import AliasTarget, RegistrationRequest, Registry, RevisionState
 from loraplex.release.controller import ReleaseController
-from loraplex.release.errors import ReleaseConflictError
+from loraplex.release.errors import ReleaseConflictError, ReleaseStartError
 from loraplex.release.model import (
     ProbeCase,
     Release,
@@ -459,3 +459,42 @@ def test_a_candidate_whose_stored_probe_is_invalid_is_aborted_not_stuck(
     assert release.reason is not None and "probe is invalid" in release.reason
     assert env.pinned == set()
     assert _served(registry, 50) == {"v1"}
+
+
+OVER_BOUNDS = [
+    (ReleasePlan(probes=(ProbeCase("p", "x"),) * 33), "probes: 33 is invalid"),
+    (ReleasePlan(probes=(ProbeCase("p" * 4097, "x"),)), "prompt of 4097 characters"),
+    (ReleasePlan(probes=(ProbeCase("p", "x" * 4097),)), "expected of 4097 characters"),
+    (ReleasePlan(probes=(ProbeCase("p", "x", max_tokens=100_000),)), "max_tokens 100000"),
+    (ReleasePlan(probes=(ProbeCase("p", "x", max_tokens=True),)), "max_tokens True"),
+    (ReleasePlan(probes=(ProbeCase(5, "x"),)), "prompt 5 is invalid"),  # type: ignore[arg-type]
+    (ReleasePlan(ladder=tuple((i + 1) / 20 for i in range(17))), "ladder of 17 steps"),
+    (ReleasePlan(probes=(ProbeCase("p", "x\ud800"),)), r"expected '\\ud800' at character 1"),
+]
+
+
+@pytest.mark.parametrize(("plan", "named"), OVER_BOUNDS)
+def test_a_plan_over_the_bounds_is_refused_at_start(
+    registry: Registry, plan: ReleasePlan, named: str
+) -> None:
+    """attack27: only the admin API's body bounded a plan (16 steps, 32 probes of 4096
+    characters and 256 tokens); ``release start --probe-file`` and ``start_release`` took 3,000
+    probes of 100,000 tokens each, all launched on the engine at once."""
+    store = ReleaseStore(registry)
+    with pytest.raises(ReleaseStartError, match=named):
+        store.start_release("acme", "bot", "v2", plan, actor="ops")
+    assert store.list_releases(include_terminal=True) == []
+
+
+def test_a_stored_plan_over_the_bounds_is_aborted_before_any_probe_runs(
+    registry: Registry, env: FakeEnv, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan stored before the bounds held (as an older ``release start`` wrote it) runs no
+    probe: the release is aborted naming the bound, and its pins go."""
+    monkeypatch.setattr("loraplex.release.store.check_plan_bounds", lambda ladder, probes: None)
+    plan = ReleasePlan(probes=(ProbeCase("2+2=", "4", max_tokens=100_000),) * 40)
+    release = _started_and_ticked(registry, env, clock, "v2", plan, ticks=4)
+    assert release.state is S.ABORTED
+    assert release.reason is not None and "probes: 40 is invalid" in release.reason
+    assert env.probed == []
+    assert env.pinned == set()

@@ -57,6 +57,7 @@ def test_probe_is_a_greedy_request_as_the_owner(cache: TieredAdapterCache, key: 
         assert (request.tenant, request.adapter_key) == ("acme", key)
         assert (request.params.temperature, request.params.max_tokens) == (0.0, 2)
         assert request.prompt_token_ids == tuple(engine.tokenizer.encode("The answer is"))
+        assert request.probe  # not traffic: ``auto`` does not merge on it (attack27)
     finally:
         env.close()
 
