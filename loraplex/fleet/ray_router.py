@@ -44,7 +44,7 @@ from loraplex.fleet import routing
 from loraplex.fleet import settings as fleet_settings
 from loraplex.fleet.wire import RouteHint
 from loraplex.router.config import RouterConfig
-from loraplex.router.decision import RouteRequest
+from loraplex.router.memory import Entry
 from loraplex.router.router import DEFAULT_POLICY, Router
 from loraplex.router.topology import FleetTopology, TopologyConfig
 
@@ -92,14 +92,31 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
         Called under ``_lock``."""
         routing.TOPOLOGY_ASKS.ask(self._names.id_of(name), adapter_key)
 
-    def _count(self, topology: FleetTopology, work: EngineRequest, request: RouteRequest) -> None:
-        """Counts a generate call into ``topology`` until it is refused or cancelled before
-        its first token (``routing.UNADMITTED``). Called under ``_lock``."""
-        entry = topology.record(request)
+    def _unadmitted(
+        self,
+        work: EngineRequest,
+        pending: PendingRequest | None,
+        entry: tuple[float, str | None, int] | None,
+        mark: tuple[str, Entry] | None,
+    ) -> None:
+        """Until a generate call's first token (``routing.UNADMITTED``): if it is refused,
+        cancelled or lost before it, its decision is withdrawn from the router's memory (where
+        it was sent last: ``mark``, or its latest backoff ask's) and uncounted from the topology
+        (``entry``: ``FleetTopology.record``'s, None without one). Called under ``_lock``.
+
+        NOTE: a call ended at once stayed the replica's pending load until its next report: a
+        tenant sending requests and cancelling them made that replica look saturated (8 in a
+        report period, at the default ``max_queued``), and other tenants' requests for the
+        revisions it holds went elsewhere, to load them cold (docs/benchmarks/attackfleet.md)."""
+        topology = self._topology
 
         def undo() -> None:
             with self._lock:
-                topology.withdraw(entry)
+                if topology is not None and entry is not None:
+                    topology.withdraw(entry)
+                latest = self._first_tries.mark(pending) if routing.has_call_id(pending) else mark
+                if latest is not None:
+                    self._router.withdraw(latest)
 
         routing.UNADMITTED.counted(work.tenant, work.request_id, undo)
 
@@ -141,13 +158,16 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             # pending only where it was sent last
             first_call = self._first_tries.first(pending_request)
             first_try = is_work and first_call
+            entry: tuple[float, str | None, int] | None = None
             if self._topology is not None and is_work:
                 if first_try:
-                    self._count(self._topology, args[0], request)
+                    entry = self._topology.record(request)
                 self._router.dedication = self._topology.update(named)
             replaces = None if first_call else self._first_tries.mark(pending_request)
             decision = self._router.choose(request, named, replaces=replaces)
             self._first_tries.remember(pending_request, self._router.last_mark)
+            if first_try:
+                self._unadmitted(args[0], pending_request, entry, self._router.last_mark)
             ranked = [offered[self._names.ids[name]] for name in decision.ranked]
         if first_try:
             routing.ROUTING_LOG.record(decision.reason.value)

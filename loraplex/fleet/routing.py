@@ -146,6 +146,11 @@ class FirstTries:
             self._seen[call_id] = mark
 
 
+def has_call_id(pending: Any) -> bool:
+    """Whether ``pending`` carries Ray's internal request id (``FirstTries`` knows it by that)."""
+    return _call_id(pending) is not None
+
+
 def _call_id(pending: Any) -> str | None:
     metadata = getattr(pending, "metadata", None)
     call_id = getattr(metadata, "internal_request_id", None)

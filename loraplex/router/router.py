@@ -213,6 +213,15 @@ class Router:
         self._touched = result.replica_id
         return result
 
+    def withdraw(self, mark: tuple[str, Entry]) -> None:
+        """Forgets a decision (its ``last_mark``) whose request left without its replica taking
+        any work for it: refused or cancelled before its first token, or its replica lost. A
+        no-op once it lapsed. NOTE: kept, such a decision counted as the replica's load until
+        its next report, so a tenant sending requests it cancelled at once made a replica look
+        saturated with work it never did."""
+        self._memory.withdraw(*mark)
+        self._last = None  # that replica's view changed: every one is looked at
+
 
 # Times within this of a view's change are treated as past it (``_LastView.due_s``): looking at a
 # replica early costs a little; late would read a stale view. Float rounding is far below this.

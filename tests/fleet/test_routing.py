@@ -468,3 +468,49 @@ def test_unadmitted_is_bounded_and_keyed_by_tenant() -> None:
     for name in ("x", "y", "z"):
         unadmitted.withdraw("acme", name)
     assert undone == ["y", "z"]  # x was pushed out: counted for good
+
+
+def test_a_request_that_ends_before_its_first_token_is_no_longer_a_replicas_pending_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tenant's requests cancelled (or refused) at once stayed its replica's pending load in
+    the router's memory until that replica's next report: 8 of them made the replica holding
+    another tenant's hot revision look saturated (``max_queued``), and that tenant's request
+    went to another replica to load its revision cold (docs/benchmarks/attackfleet.md)."""
+    unadmitted = Unadmitted()
+    monkeypatch.setattr("loraplex.fleet.routing.UNADMITTED", unadmitted)
+    router = _router(seed=0, clock=ManualClock(5.0))
+    hot, own = key("search", tenant="globex"), key("support", tenant="acme")
+    b_holds = _stats(report("b", at_s=5.0, l0=[str(hot), str(own)]))
+    replicas = [_replica("a", _stats(report("a", at_s=5.0))), _replica("b", b_holds)]
+    replicas.append(_replica("c", _stats(report("c", at_s=5.0))))
+    for i in range(8):  # the attacker's requests, each cancelled before its first token
+        assert _choose(router, replicas, _pending(request(f"x{i}", adapter=own)))[0] == "b"
+        unadmitted.withdraw("acme", f"x{i}")
+    victim = request("v", adapter=hot, tenant="globex")
+    before = ROUTING_LOG.counts().get("gpu_hit", 0)
+    assert _choose(router, replicas, _pending(victim))[0] == "b"
+    assert ROUTING_LOG.counts().get("gpu_hit", 0) == before + 1
+    # requests that did start (a first token) are load until the replica's next report
+    for i in range(8):
+        _choose(router, replicas, _pending(request(f"y{i}", adapter=own)))
+        unadmitted.admitted("acme", f"y{i}")
+        unadmitted.withdraw("acme", f"y{i}")  # its end: counted for good
+    later = request("v2", adapter=hot, tenant="globex")
+    assert _choose(router, replicas, _pending(later))[0] != "b"  # b saturated: load wins
+
+
+def test_a_withdrawn_call_is_forgotten_where_its_last_backoff_ask_sent_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unadmitted = Unadmitted()
+    monkeypatch.setattr("loraplex.fleet.routing.UNADMITTED", unadmitted)
+    router = _router(policy="pow2", seed=0, clock=ManualClock())
+    replicas = [_replica(i) for i in ("a", "b", "c")]
+    waiting = _pending(request("w", adapter=key()))
+    waiting.metadata = SimpleNamespace(internal_request_id="call-1")
+    chosen = [_choose(router, replicas, waiting)[0] for _ in range(4)]  # a try and 3 backoffs
+    assert len(set(chosen)) > 1  # seeded: the asks moved it
+    unadmitted.withdraw("acme", "w")  # cancelled while it waited
+    views = router._router.view(dict.fromkeys(("a", "b", "c")))
+    assert sum(v.pending.num_requests for v in views) == 0
