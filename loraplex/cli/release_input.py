@@ -10,6 +10,7 @@ from typing import Any
 
 from loraplex.release.model import (
     MAX_LADDER_STEPS,
+    MAX_PLAN_SECONDS,
     MAX_PROBES,
     ProbeCase,
     ReleasePlan,
@@ -39,8 +40,11 @@ def parse_duration(flag: str, text: str) -> float:
         seconds = float(number) * scale
     except ValueError:
         seconds = float("nan")
-    if not seconds >= 0.0:
-        raise ValueError(f"{flag} {text!r} is invalid; expected a duration like 60s, 10m or 1h")
+    if not 0.0 <= seconds <= MAX_PLAN_SECONDS:
+        raise ValueError(
+            f"{flag} {text!r} is invalid; expected a duration like 60s, 10m or 1h, at most "
+            "30 days (720h)"
+        )
     return seconds
 
 

@@ -22,7 +22,7 @@ graph; anything else raises ``InvalidTransitionError``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -39,6 +39,12 @@ from loraplex.registry.models import probe_text_error
 MAX_LADDER_STEPS = 16
 MAX_PROBES = 32
 MAX_PROBE_TOKENS = 256
+# The longest ``dwell_s``, ``window_s`` and ``max_step_s`` (30 days), held with the bounds
+# above. NOTE: only ``>= 0`` was checked, and the admin body refused only infinity: ``release
+# start --window inf`` stored ``Infinity`` (the admin API's every release page holding it then
+# failed to serialize), and a finite ``1e300`` gave a ``hold_until`` no date can show
+# (``release status`` failed with "year out of range").
+MAX_PLAN_SECONDS = 30 * 86400.0
 
 
 class ReleaseState(StrEnum):
@@ -126,9 +132,19 @@ def probe_bounds_error(probe: ProbeCase) -> str | None:
     return None
 
 
-def check_plan_bounds(ladder: Sequence[float], probes: Sequence[ProbeCase]) -> None:
-    """Raises ``ValueError`` naming what is over ``MAX_LADDER_STEPS``, ``MAX_PROBES`` or a
-    probe's bounds (``probe_bounds_error``)."""
+def check_plan_bounds(
+    ladder: Sequence[float],
+    probes: Sequence[ProbeCase],
+    durations: Mapping[str, float] | None = None,
+) -> None:
+    """Raises ``ValueError`` naming what is over ``MAX_LADDER_STEPS``, ``MAX_PROBES``, a
+    probe's bounds (``probe_bounds_error``) or ``MAX_PLAN_SECONDS`` (``durations``: name ->
+    seconds, ``ReleasePlan.durations``)."""
+    for name, seconds in (durations or {}).items():
+        if not seconds <= MAX_PLAN_SECONDS:
+            raise ValueError(
+                f"{name} {seconds} is invalid; expected at most {MAX_PLAN_SECONDS:.0f} s (30 days)"
+            )
     if len(ladder) > MAX_LADDER_STEPS:
         raise ValueError(
             f"ladder of {len(ladder)} steps is invalid; expected at most {MAX_LADDER_STEPS}"
@@ -152,6 +168,16 @@ class ReleasePlan:
     auto_promote: bool = True  # promote after the last step passes; False: wait for an operator
     thresholds: Thresholds = field(default_factory=Thresholds)
     probes: tuple[ProbeCase, ...] = ()  # extra probes (the revision's own probe always runs)
+
+    @property
+    def durations(self) -> dict[str, float]:
+        """The plan's durations in seconds by name (``check_plan_bounds``'s ``durations``)."""
+        limit = self.thresholds.max_step_s
+        return {
+            "dwell_s": self.dwell_s,
+            "window_s": self.window_s,
+            **({} if limit is None else {"max_step_s": limit}),
+        }
 
     @property
     def effective_max_step_s(self) -> float:

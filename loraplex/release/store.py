@@ -53,7 +53,7 @@ class ReleaseStore:
         A plan over the bounds (``model.check_plan_bounds``) is refused before anything is
         read or written."""
         try:
-            check_plan_bounds(plan.ladder, plan.probes)
+            check_plan_bounds(plan.ladder, plan.probes, plan.durations)
         except ValueError as exc:
             raise ReleaseStartError(str(exc)) from None
         now = self._registry.now()

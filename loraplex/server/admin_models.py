@@ -36,6 +36,7 @@ from loraplex.registry.sql.paging import (
 )
 from loraplex.release.model import (
     MAX_LADDER_STEPS,
+    MAX_PLAN_SECONDS,
     MAX_PROBE_TOKENS,
     MAX_PROBES,
     ProbeCase,
@@ -157,7 +158,8 @@ class ThresholdsBody(_Body):
     max_bad_feedback_ratio: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
     min_requests: StrictInt | None = Field(default=None, ge=1)
     min_latency_samples: StrictInt | None = Field(default=None, ge=1)
-    max_step_s: StrictFloat | None = Field(default=None, gt=0.0)  # left out: 10 x dwell_s, >= 1 h
+    # left out: 10 x dwell_s, >= 1 h
+    max_step_s: StrictFloat | None = Field(default=None, gt=0.0, le=MAX_PLAN_SECONDS)
 
     def thresholds(self) -> Thresholds:
         return Thresholds(**self.model_dump(exclude_none=True))
@@ -188,8 +190,8 @@ class StartReleaseBody(_Body):
     ladder: list[Annotated[StrictFloat, Field(gt=0.0, le=1.0)]] | None = Field(
         default=None, min_length=1, max_length=MAX_LADDER_STEPS
     )
-    dwell_s: StrictFloat | None = Field(default=None, ge=0.0)
-    window_s: StrictFloat | None = Field(default=None, ge=0.0)
+    dwell_s: StrictFloat | None = Field(default=None, ge=0.0, le=MAX_PLAN_SECONDS)
+    window_s: StrictFloat | None = Field(default=None, ge=0.0, le=MAX_PLAN_SECONDS)
     gpu: StrictBool = False
     auto_promote: StrictBool = True
     probes: list[ProbeBody] = Field(default_factory=list, max_length=MAX_PROBES)

@@ -70,6 +70,9 @@ def test_start_takes_every_flag_into_the_plan(run, tmp_path: Path) -> None:  # t
         (("--share", "5%", "--ladder", "1%,5%"), "--share and --ladder"),
         (("--dwell", "soon"), "--dwell"),
         (("--window", "-1m"), "--window"),
+        (("--window", "inf"), "--window 'inf' is invalid"),  # stored Infinity broke the views
+        (("--dwell", "1e300"), "--dwell '1e300' is invalid"),  # no date shows its hold_until
+        (("--max-step", "721h"), "--max-step '721h' is invalid"),
         (("--max-error-rate", "2"), "max_error_rate"),
         (("--max-step", "soon"), "--max-step"),
         (("--max-step", "30s"), "max_step_s 30.0 is invalid; expected >= dwell_s 60.0"),

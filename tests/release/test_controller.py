@@ -470,6 +470,9 @@ OVER_BOUNDS = [
     (ReleasePlan(probes=(ProbeCase(5, "x"),)), "prompt 5 is invalid"),  # type: ignore[arg-type]
     (ReleasePlan(ladder=tuple((i + 1) / 20 for i in range(17))), "ladder of 17 steps"),
     (ReleasePlan(probes=(ProbeCase("p", "x\ud800"),)), r"expected '\\ud800' at character 1"),
+    (ReleasePlan(window_s=float("inf")), "window_s inf is invalid; expected at most 2592000 s"),
+    (ReleasePlan(dwell_s=1e300), "dwell_s 1e\\+300 is invalid"),
+    (ReleasePlan(thresholds=Thresholds(max_step_s=2592001.0)), "max_step_s 2592001.0"),
 ]
 
 
@@ -491,7 +494,7 @@ def test_a_stored_plan_over_the_bounds_is_aborted_before_any_probe_runs(
 ) -> None:
     """A plan stored before the bounds held (as an older ``release start`` wrote it) runs no
     probe: the release is aborted naming the bound, and its pins go."""
-    monkeypatch.setattr("loraplex.release.store.check_plan_bounds", lambda ladder, probes: None)
+    monkeypatch.setattr("loraplex.release.store.check_plan_bounds", lambda *bounds: None)
     plan = ReleasePlan(probes=(ProbeCase("2+2=", "4", max_tokens=100_000),) * 40)
     release = _started_and_ticked(registry, env, clock, "v2", plan, ticks=4)
     assert release.state is S.ABORTED

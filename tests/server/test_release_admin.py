@@ -114,6 +114,9 @@ def test_release_routes_only_on_the_admin_listener(plant: Plant) -> None:
         ({"thresholds": {"max_ttft_p99_ratio": float("inf")}}, "max_ttft_p99_ratio"),
         ({"thresholds": {"max_tpot_p99_ratio": float("nan")}}, "max_tpot_p99_ratio"),
         ({"dwell_s": float("inf")}, "dwell_s"),
+        ({"window_s": 1e300}, "window_s"),  # a hold_until no date can show
+        ({"dwell_s": 2592001}, "dwell_s"),
+        ({"thresholds": {"max_step_s": 1e300}}, "max_step_s"),
         ({"probes": [{"prompt": "x"}]}, "probes"),
         ({"probes": [{"prompt": "", "expected": "y"}]}, "prompt"),
         ({"share": 0.05}, "share"),
