@@ -41,9 +41,9 @@ MAX_PROBES = 32
 MAX_PROBE_TOKENS = 256
 # The longest ``dwell_s``, ``window_s`` and ``max_step_s`` (30 days), held with the bounds
 # above. NOTE: only ``>= 0`` was checked, and the admin body refused only infinity: ``release
-# start --window inf`` stored ``Infinity`` (the admin API's every release page holding it then
-# failed to serialize), and a finite ``1e300`` gave a ``hold_until`` no date can show
-# (``release status`` failed with "year out of range").
+# start --window inf`` stored ``Infinity`` (a release page holding it cannot be sent: JSON
+# responses refuse infinity), and a finite ``1e300`` gave a ``hold_until`` no date can show
+# (``datetime`` raises OverflowError, which ``release status`` does not catch).
 MAX_PLAN_SECONDS = 30 * 86400.0
 
 
