@@ -32,9 +32,9 @@ class StepCosts:
 
     NOTE (docs/modes.md, "The veto's evidence"): the veto compares the unmerged steps before a
     merge with the merged steps after it, two stretches of time. Sizes were power-of-two
-    buckets (a batch draining from 20 sequences to 16 read 1.25x per token among the 20s) and
-    each size's figure an average seeded by its first step (weighing 0.48 after eight: one
-    preempted step read as a slowdown); and on a shared machine the load drifts between the stretches: in 4 of 6 unmerged
+    buckets (a batch draining from 20 sequences to 16 read up to 1.25x per token among the
+    20s), each size's figure an average seeded by its first step (weighing 0.48 after eight),
+    and on a shared machine the load drifts between the stretches: in 4 of 6 unmerged
     large-preset replays, split where ``auto`` merges, that old figure read "merged is slower"
     with nothing merged. So sizes are exact, each size's figure is the median of its latest
     ``keep`` steps, and a size counts only where its steps differ consistently (``_ratio``)."""
