@@ -16,7 +16,7 @@ from loraplex.clock import ManualClock
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.mode_control import ModeController, ref_of
 from loraplex.engine.mode_costs import StepCosts
-from loraplex.engine.mode_policy import ModePolicyConfig, ModeSetting
+from loraplex.engine.mode_policy import SLOWER_MARGIN, ModePolicyConfig, ModeSetting
 from loraplex.engine.modes import ModeSwitcher, TransitionKind
 from loraplex.engine.offline import OfflineConfig, OfflineEngine, OfflineRequest
 from loraplex.engine.step import StepPlan
@@ -49,14 +49,14 @@ def _skewed(demo_assets: DemoAssets, max_tokens: int) -> list[OfflineRequest]:
 
 
 def _even(demo_assets: DemoAssets, max_tokens: int) -> list[OfflineRequest]:
-    """Two requests on each of three revisions (one per GPU slot, all running at once): no
-    revision's share merges; decode steps of six tokens (the size of the skewed traffic's five)
-    are measured unmerged."""
+    """Five requests over three revisions (2, 2, 1; one per GPU slot, all running at once): no
+    revision's share (0.4 at most) merges; decode steps of five tokens, the size of the skewed
+    traffic's (the veto compares steps of one exact size), are measured unmerged."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     names = [("acme", "billing"), ("globex", "codegen"), ("acme", "support")]
     adapters = [demo_assets.adapter(tenant, name, "r1") for tenant, name in names]
-    prompt = adapters[0].probe_prompt  # one length: equal token shares
-    return [OfflineRequest(prompt, a.path, params) for a in adapters for _ in range(2)]
+    prompt = adapters[0].probe_prompt  # one length: shares by request count
+    return [OfflineRequest(prompt, a.path, params) for a in adapters for _ in range(2)][:5]
 
 
 def _long_prompts() -> list[OfflineRequest]:
@@ -108,10 +108,10 @@ def test_a_mix_of_large_unmerged_and_small_merged_steps_does_not_veto_merging(
     tenant's long prompts). Decode steps of one size were measured in both modes: they compare
     equal, and the hot revision stays merged."""
     hot_ref = ref_of(engine.adapter_key(demo_assets.adapter("acme", "billing", "r1").path))
-    engine.generate(_even(demo_assets, 2))  # the three adapters resident: steps hold all six
+    engine.generate(_even(demo_assets, 2))  # the three adapters resident: steps hold all five
     clock = ManualClock()
     control = _costed(engine, clock, lambda _merged, tokens: 4e-3 + 1e-5 * tokens)
-    _run(engine, _even(demo_assets, 16), clock)  # decode steps of six measured unmerged
+    _run(engine, _even(demo_assets, 16), clock)  # decode steps of five measured unmerged
     for _ in range(4):  # then a tenant's long prompts: the last unmerged steps are all large
         _run(engine, _long_prompts(), clock)
     assert control.transitions == []
@@ -159,3 +159,70 @@ def test_step_costs_compare_merged_with_unmerged_steps_of_the_same_size() -> Non
     assert costs.merged_like_unmerged() == pytest.approx(unmerged * 10 / 9)
     costs.forget_merged()
     assert costs.per_token(True) is None and costs.merged_like_unmerged() is None
+
+
+def _verdict(unmerged: list[tuple[int, float]], merged: list[tuple[int, float]]) -> float | None:
+    """merged_like_unmerged / per_token(False) after these steps ((tokens, seconds) each, the
+    unmerged ones first, as ``auto`` runs them: a baseline, then the merge); None: no verdict."""
+    costs = StepCosts(min_steps=8)
+    for tokens, seconds in unmerged:
+        costs.record(False, seconds, tokens)
+    for tokens, seconds in merged:
+        costs.record(True, seconds, tokens)
+    figure, base = costs.merged_like_unmerged(), costs.per_token(False)
+    return None if figure is None or base is None else figure / base
+
+
+def test_a_batch_draining_below_the_size_measured_unmerged_does_not_veto_merging() -> None:
+    """The replay's closed loop (bench modes): decode steps of 20 sequences measured unmerged,
+    then, merged, 20 again and the drain at the trace's end (19, 18, 17, 16 sequences). A decode
+    step costs about the same whatever its sequences (the weights' reads), so a step of 16 costs
+    1.25x per token what one of 20 does; merged steps here are 5 % faster, size for size. On the
+    old code sizes 16-31 were one bucket, and the drain read as "merged is slower"."""
+    unmerged = [(20, 0.100)] * 10
+    merged = [(20, 0.095)] * 8 + [(n, 0.095) for n in (19, 18, 17, 16) for _ in range(3)]
+    verdict = _verdict(unmerged, merged)
+    assert verdict is not None and verdict < SLOWER_MARGIN  # the 20s: 0.95
+
+
+def test_one_preempted_merged_step_does_not_veto_merging() -> None:
+    """Merged steps 20 % faster, but the first one preempted (on a shared 2-core machine a step
+    took 7x its time): on the old code each size's figure was an average seeded by its first
+    step (weight 0.9^7 after eight), and read 3.1x."""
+    unmerged = [(20, 0.100)] * 10
+    merged = [(20, 0.560)] + [(20, 0.080)] * 7
+    verdict = _verdict(unmerged, merged)
+    assert verdict is not None and verdict < 1.0
+
+
+def test_a_drift_of_the_machine_is_no_verdict_a_consistent_slowdown_is() -> None:
+    """Load drifting between the unmerged stretch and the merged one moves the medians apart
+    (here 8 %) while the two sets of steps still overlap: no verdict (1.0). On the old code that
+    vetoed merging (in 4 of 6 unmerged replays of the large preset, split where ``auto`` would
+    have merged, nothing merged at all: docs/modes.md, "The veto's evidence"). Merged steps
+    consistently slower (every one slower than every unmerged step) still veto."""
+    spread = [0.090, 0.095, 0.100, 0.105, 0.110] * 2
+    unmerged = [(20, s) for s in spread]
+    drifted = [(20, s * 1.08) for s in spread]
+    assert _verdict(unmerged, drifted) == pytest.approx(1.0)
+    slower = [(20, s * 1.25) for s in spread]
+    verdict = _verdict(unmerged, slower)
+    assert verdict is not None and verdict > SLOWER_MARGIN
+
+
+def test_step_costs_keep_the_latest_steps_of_the_latest_sizes() -> None:
+    costs = StepCosts(min_steps=2, keep=2, max_sizes=2)
+    for tokens in (10, 20, 30):  # three sizes merged: the least recently run (10) is forgotten
+        costs.record(False, 0.01 * tokens, tokens)
+        costs.record(False, 0.01 * tokens, tokens)
+        costs.record(True, 0.02 * tokens, tokens)
+        costs.record(True, 0.02 * tokens, tokens)
+    assert costs.merged_like_unmerged() == pytest.approx(0.02)  # 20 and 30: 2x, consistently
+    for _ in range(2):  # the size's two latest steps are its figure: merged now as fast
+        costs.record(True, 0.01 * 30, 30)
+        costs.record(True, 0.01 * 20, 20)
+    assert costs.merged_like_unmerged() == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="keep 1 is invalid"):
+        StepCosts(min_steps=2, keep=1)
+    with pytest.raises(ValueError, match="max_sizes 0 is invalid"):
+        StepCosts(max_sizes=0)
