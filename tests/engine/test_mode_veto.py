@@ -7,6 +7,7 @@ veto now compares steps of one size with each other and is forgotten ``veto_s`` 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Collection, Iterator, Mapping
 
 import pytest
@@ -226,3 +227,18 @@ def test_step_costs_keep_the_latest_steps_of_the_latest_sizes() -> None:
         StepCosts(min_steps=2, keep=1)
     with pytest.raises(ValueError, match="max_sizes 0 is invalid"):
         StepCosts(max_sizes=0)
+
+
+def test_the_kept_ratios_are_those_made_afresh() -> None:
+    """Each size's ratio is kept until a step of that size runs (or the size is forgotten, or
+    merged figures are dropped): after every step, the figure equals one made from the steps."""
+    rng = random.Random(7)
+    costs = StepCosts(min_steps=2, keep=4, max_sizes=5)
+    for step in range(600):
+        merged = rng.random() < 0.5
+        costs.record(merged, rng.uniform(0.5, 1.5) * 0.01, rng.randint(1, 8))
+        if step % 97 == 96:
+            costs.forget_merged()
+        kept = costs.merged_like_unmerged()
+        costs._ratios.clear()  # made afresh from the kept steps
+        assert costs.merged_like_unmerged() == kept
