@@ -141,7 +141,12 @@ class LeaseDesk:
                 continue
             remaining = max(req.deadline_at_s - self.clock.now(), 1e-3)
             in_memory = cache.is_resident(key, Tier.L1)  # before the lease: it may move
-            future = cache.acquire_future(key, deadline_s=remaining, requester=req.tenant)
+            future = cache.acquire_future(
+                key,
+                deadline_s=remaining,
+                requester=req.tenant,
+                traffic=not req.request.probe,  # a release's probe: no tenant's demand
+            )
             live = self._lives[req.request_id]
             if future.done():
                 self._settle(live, future)

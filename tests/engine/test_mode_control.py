@@ -23,6 +23,7 @@ from loraplex.engine.step import StepPlan
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.staged_merge import MergeStaging
 from loraplex.residency.ledger import Tier
+from loraplex.residency.warm import ZERO_RATES
 from loraplex.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -329,3 +330,28 @@ def test_a_release_probe_is_not_traffic_auto_merges_on(
     assert control.window.share(clock.now()).top_revision != ref_of(hot_key)
     assert control.lora_cost.measured  # the probes' LoRA work is still timed
     engine.runtime.cache.check_integrity()
+
+
+def test_a_release_probe_counts_in_no_request_rate(
+    engine: OfflineEngine, demo_assets: DemoAssets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release's probes are no tenant's demand in the adapter cache either: counted in its
+    request rates, a release's 32 probes ranked the candidate as hot for eviction and, asked as
+    the owner, counted toward an automatic warm seat (attack27's noticed item). Traffic counts."""
+    hot = demo_assets.adapter("acme", "billing", "r1")
+    hot_key = engine.adapter_key(hot.path)
+    made = engine._engine_request
+
+    def probed(request: OfflineRequest, key: AdapterKey | None) -> Any:
+        return replace(made(request, key), probe=True)
+
+    cache = engine.runtime.cache
+    monkeypatch.setattr(engine, "_engine_request", probed)
+    engine.generate([OfflineRequest(hot.probe_prompt, hot.path, GREEDY)] * 3)
+    history = cache._state.history_of(hot_key)
+    now = cache._clock.now()
+    assert history.rates.rates(now) == history.owner_rates.rates(now) == ZERO_RATES
+    monkeypatch.setattr(engine, "_engine_request", made)
+    engine.generate([OfflineRequest(hot.probe_prompt, hot.path, GREEDY)] * 3)
+    now = cache._clock.now()
+    assert history.rates.rates(now).per_1m > 0 and history.owner_rates.rates(now).per_1m > 0

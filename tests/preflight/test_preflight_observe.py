@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from loraplex.preflight.checks_runtime import cache_limits_load_tested
 from loraplex.preflight.client import Answer, Metrics, Sample
 from loraplex.preflight.load import LoadResult, Outcome, Target
 from loraplex.preflight.observe import InUseProbe, RegistryView, observe
+from loraplex.preflight.report import Status
 
 
 class FakeDeployment:
@@ -61,4 +63,17 @@ def test_the_in_use_probes_evictions_are_not_the_load_tests(
     obs = observe(deployment, None, None, settle_s=0.0)  # type: ignore[arg-type]
     assert deployment.evictions == 2  # the probe ran
     verdict = cache_limits_load_tested(obs)
-    assert "adapter_evictions_total rose by 0.0" in verdict.evidence
+    assert "adapter_evictions_total rose by 0.0 (L0: 0.0)" in verdict.evidence
+    assert verdict.summary == "max_lora not exported: limits unknown"  # the fake exports none
+
+    # a fleet's max_lora is every replica's slots summed (24 here), while one replica fills its
+    # own: the GPU evictions the load test made, not the mix against that sum, say it met them
+    # (main said "the mix (1 adapters) fits in max_loras 24: no eviction met" beside them)
+    slots = Sample("vllm:lora_requests_info", {"max_lora": "24"}, 1.0)
+    before = Metrics([slots, Sample("adapter_evictions_total", {"tier": "L0"}, 0.0)])
+    after = Metrics([slots, Sample("adapter_evictions_total", {"tier": "L0"}, 3.0)])
+    met = cache_limits_load_tested(replace(obs, before=before, after=after))
+    assert met.status is Status.PASS, met
+    assert met.summary == "1 adapters served without a failure; the load test made 3 GPU evictions"
+    unmet = cache_limits_load_tested(replace(obs, before=before, after=before))
+    assert unmet.status is Status.WARN and "made no GPU eviction" in unmet.summary

@@ -89,14 +89,18 @@ class TierState:
     def histories(self) -> Iterator[tuple[AdapterKey, AdapterHistory]]:
         return iter(self._history.items())
 
-    def touch(self, key: AdapterKey, now_s: float, *, by_owner: bool = True) -> AdapterHistory:
+    def touch(
+        self, key: AdapterKey, now_s: float, *, by_owner: bool = True, traffic: bool = True
+    ) -> AdapterHistory:
         """A request for ``key``; ``by_owner`` False: another tenant's (a caller of a public
         adapter), which counts in the order's rates but earns the owner no automatic warm seat
-        (``AdapterHistory.owner_rates``)."""
+        (``AdapterHistory.owner_rates``); ``traffic`` False: a release's output probe, no
+        tenant's demand: it counts in no rate (its access time still moves)."""
         history = self.history_of(key)
-        history.rates.record(now_s)
         history.last_access_s = now_s
-        if by_owner:
+        if traffic:
+            history.rates.record(now_s)
+        if traffic and by_owner:
             history.owner_rates.record(now_s)
             self.pins.requested(key)
         self._note(key)

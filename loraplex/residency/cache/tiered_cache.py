@@ -80,7 +80,12 @@ class TieredAdapterCache:
     # --- acquiring ---------------------------------------------------------------------------
 
     def acquire_future(
-        self, key: AdapterKey, *, deadline_s: float | None = None, requester: str | None = None
+        self,
+        key: AdapterKey,
+        *,
+        deadline_s: float | None = None,
+        requester: str | None = None,
+        traffic: bool = True,
     ) -> Future[Lease]:
         """A future lease on ``key`` in L0; never blocks. Fails with CapacityError when
         ``deadline_s`` (a duration: seconds from now; default from the config) passes without
@@ -90,13 +95,16 @@ class TieredAdapterCache:
         None: no tenant's request asks (the merged-mode switch, a replay): a load this starts
         is charged to the owner, and every charge stays where it is. ``auto`` merges the
         revision a caller of another tenant's public adapter made the hottest, so moving the
-        charge on that ask handed the caller's copy to the owner (attack26)."""
+        charge on that ask handed the caller's copy to the owner (attack26). ``traffic`` False:
+        a release's output probe (``EngineRequest.probe``), counted in no request rate, so its
+        probes earn a candidate no automatic warm seat and no eviction rank."""
         future: Future[Lease] = Future()
         with self._lock:
             state, now = self._state, self._clock.now()
             if requester == key.tenant:
                 state.charge_owner(key)
-            history = state.touch(key, now, by_owner=requester in (None, key.tenant))
+            by_owner = requester in (None, key.tenant)
+            history = state.touch(key, now, by_owner=by_owner, traffic=traffic)
             entry = state.ready_entry(key, Tier.L0)
             if entry is not None:
                 state.stats.record_hit(Tier.L0, history)
