@@ -8,10 +8,13 @@ cost per token, merging saves ``share * rate * c`` and costs ``(1 - share) * rat
 per second, so it pays only above half the traffic, and only if the gain repays the measured
 transition cost within ``payback_s``. Hysteresis: merging needs ``merge_share``, unmerging
 needs the share to fall below the lower ``unmerge_share``, and no transition follows another
-within ``min_dwell_s``. Baseline: nothing is merged before ``min_measured_steps`` unmerged steps
-were measured, so the veto on merged steps measured slower (``mode_costs.StepCosts``) always has an
-unmerged figure to compare with. Nor is anything merged while ``c`` is still a prior
-(``MeasuredCosts.lora_measured``: :class:`LoraCostMeter` has not timed enough steps).
+within ``min_dwell_s``. Evidence: no merge or switch on a window of fewer than
+``min_window_tokens`` tokens, nor an unmerge unless those few span half of ``window_s`` (the
+merged-slower veto's unmerge excepted). Baseline: nothing is merged before
+``min_measured_steps`` unmerged steps were measured, so the veto on merged steps measured slower
+(``mode_costs.StepCosts``) always has an unmerged figure to compare with. Nor is anything
+merged while ``c`` is still a prior (``MeasuredCosts.lora_measured``: :class:`LoraCostMeter` has
+not timed enough steps).
 """
 
 from __future__ import annotations
@@ -134,6 +137,9 @@ class TrafficShare:
     shares: tuple[tuple[str, float], ...]  # (revision, fraction of recent tokens), largest first
     tokens_per_s: float  # all recent tokens per second (base-model tokens count too)
     tokens: int | None = None  # all recent tokens (None: not counted, taken as enough)
+    # seconds from the window's oldest counted tokens to now (0: none; None: not known, taken
+    # as the whole window): few tokens over a short span follow an idle gap
+    span_s: float | None = None
 
     @property
     def top_revision(self) -> str | None:
@@ -202,10 +208,17 @@ def decide(
     top, share = traffic.top_revision, traffic.top_share
     gain_s = (2.0 * share - 1.0) * traffic.tokens_per_s * costs.lora_s_per_token * config.payback_s
     hot = top is not None and top != merged and share >= config.merge_share and top not in refused
-    if hot and traffic.tokens is not None and traffic.tokens < config.min_window_tokens:
+    if traffic.tokens is not None and traffic.tokens < config.min_window_tokens:
         hot = False  # a share of a few requests says nothing yet
         if merged is None:
             return ModeDecision(Action.STAY, None, "too few recent tokens to judge their shares")
+        # Unmerged by its share on few tokens only when they span half the window (light
+        # traffic, steadily: the pin is given back). NOTE: not gated before, and after an idle gap
+        # longer than ``window_s`` the window was empty at the next step: the merged revision's
+        # share read 0, it was unmerged before the first returning request ran (whichever
+        # revision that was) and ``min_dwell_s`` then held off the re-merge for a minute.
+        if traffic.span_s is not None and traffic.span_s < config.window_s / 2:
+            return ModeDecision(Action.STAY, None, "too few tokens since traffic resumed")
     if hot and costs.unmerged_step_s_per_token is None:  # the veto needs a baseline first
         hot = False
         if merged is None:
@@ -258,7 +271,8 @@ class TokenWindow:
         )
         observed_s = min(self.window_s, now_s - self.start_s)
         rate = total / observed_s if observed_s > 0 else 0.0
-        return TrafficShare(tuple(adapters), rate, total)
+        span_s = now_s - self._events[0][0] if self._events else 0.0
+        return TrafficShare(tuple(adapters), rate, total, span_s)
 
     def _expire(self, now_s: float) -> None:
         while self._events and self._events[0][0] < now_s - self.window_s:

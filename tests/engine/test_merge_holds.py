@@ -97,7 +97,8 @@ def test_a_fleet_dedication_overrides_auto_until_it_is_given_back(
     clock = ManualClock()
     holds = engine.runtime.merge_holds
     switcher = ModeSwitcher(engine.core.runner, engine.runtime.pool, clock, holds=holds)
-    policy = ModePolicyConfig(window_s=5.0, min_dwell_s=3.0, payback_s=10.0)
+    # a tiny model's few tokens: ``min_window_tokens`` has its own tests (test_mode_policy.py)
+    policy = ModePolicyConfig(window_s=5.0, min_dwell_s=3.0, payback_s=10.0, min_window_tokens=1)
     control = ModeController(ModeSetting.parse("auto"), switcher, engine.runtime.cache, clock,
                              policy=policy, lora_s_per_token=1e-3)  # fmt: skip
     engine.core.modes = control

@@ -355,3 +355,29 @@ def test_a_release_probe_counts_in_no_request_rate(
     engine.generate([OfflineRequest(hot.probe_prompt, hot.path, GREEDY)] * 3)
     now = cache._clock.now()
     assert history.rates.rates(now).per_1m > 0 and history.owner_rates.rates(now).per_1m > 0
+
+
+def test_an_idle_gap_keeps_the_merge_for_the_traffic_that_returns(
+    engine: OfflineEngine, demo_assets: DemoAssets
+) -> None:
+    """After an idle gap longer than ``window_s``, the merged revision's own traffic comes back.
+    On main the first step after the gap read an empty window, the merged share as 0, and
+    unmerged before that traffic ran (``min_dwell_s`` then kept it unmerged)."""
+    hot = demo_assets.adapter("acme", "billing", "r1")
+    cold = demo_assets.adapter("globex", "codegen", "r1")
+    skewed = [OfflineRequest(hot.probe_prompt, hot.path, GREEDY)] * 4 + [
+        OfflineRequest(cold.probe_prompt, cold.path, GREEDY)
+    ]
+    alone = [OfflineRequest(hot.probe_prompt, hot.path, GREEDY)] * 2
+    want = [r.token_ids for r in engine.generate(alone)]  # unmerged
+    clock = ManualClock()
+    control = controller(engine, "auto", clock, policy=replace(POLICY, payback_s=1e9))
+    engine.generate(skewed, ticking(clock))  # type: ignore[arg-type]
+    ref = ref_of(engine.adapter_key(hot.path))
+    assert control.switcher.merged_revision == ref
+    clock.advance(POLICY.window_s + POLICY.min_dwell_s + 30.0)  # idle
+    assert [r.token_ids for r in engine.generate(alone, ticking(clock))] == want  # type: ignore[arg-type]
+    assert control.switcher.merged_revision == ref
+    assert [t.kind for t in control.transitions] == [TransitionKind.MERGE]
+    control.close()
+    engine.runtime.cache.check_integrity()

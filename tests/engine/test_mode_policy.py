@@ -77,9 +77,43 @@ def test_a_window_of_few_tokens_merges_nothing() -> None:
     assert thin.top_share == 1.0 and thin.tokens == CONFIG.min_window_tokens - 1
     got = decide(None, None, thin, CHEAP, CONFIG)
     assert got.action is Action.STAY and "too few recent tokens" in got.reason
-    assert decide("b@1", 1e9, thin, CHEAP, CONFIG).action is Action.UNMERGE  # giving back: safe
+    # a merged b@1 is kept on a half-second's few tokens (an idle gap's first returning requests)
+    assert decide("b@1", 1e9, thin, CHEAP, CONFIG).action is Action.STAY
     window.record(0.9, "a@1", 1)
     assert decide(None, None, window.share(1.0), CHEAP, CONFIG).action is Action.MERGE
+
+
+def test_an_idle_gap_does_not_unmerge_the_merged_revision() -> None:
+    """After an idle gap longer than ``window_s`` the window is empty at the next step, and
+    then holds only the first returning requests' tokens. On main the merged revision's share
+    read 0 there: it was unmerged before the first returning request ran, and ``min_dwell_s``
+    held off its re-merge for a minute of its own traffic."""
+    window = TokenWindow(CONFIG.window_s, 0.0)
+    for second in range(30):
+        window.record(float(second), "a@1", 100)
+    assert decide("a@1", 1e9, window.share(30.0), CHEAP, CONFIG).action is Action.STAY
+    empty = window.share(100.0)  # 70 s idle
+    assert empty.tokens == 0 and empty.span_s == 0.0
+    got = decide("a@1", 1e9, empty, CHEAP, CONFIG)
+    assert got.action is Action.STAY and "since traffic resumed" in got.reason
+    window.record(100.0, "b@1", 50)  # another tenant's request comes back first
+    assert decide("a@1", 1e9, window.share(100.5), CHEAP, CONFIG).action is Action.STAY
+    for second in range(101, 112):  # enough of b@1's tokens: a@1 is given back for b@1
+        window.record(float(second), "b@1", 100)
+    assert decide("a@1", 1e9, window.share(112.0), CHEAP, CONFIG).action is Action.SWITCH
+
+
+def test_light_traffic_over_half_the_window_still_unmerges() -> None:
+    """Few tokens spread over half the window or more are light traffic, not a gap's first
+    requests: a merged revision that none of them used is given back (its pin too)."""
+    window = TokenWindow(CONFIG.window_s, 0.0)
+    for second in range(0, 20, 2):
+        window.record(100.0 + second, "b@1", 10)  # 100 tokens in 18 s
+    light = window.share(118.0)
+    assert light.tokens == 100 < CONFIG.min_window_tokens
+    assert light.span_s is not None and light.span_s >= CONFIG.window_s / 2
+    assert decide("a@1", 1e9, light, CHEAP, CONFIG).action is Action.UNMERGE
+    assert decide(None, None, light, CHEAP, CONFIG).action is Action.STAY  # nor a merge of b@1
 
 
 def test_a_new_dominant_revision_is_switched_to() -> None:
@@ -140,8 +174,10 @@ def test_token_window_counts_tokens_not_requests_and_forgets_old_work() -> None:
     share = window.share(1.0)
     assert share.shares == (("a@1", 0.45), ("b@1", 0.05))
     assert share.tokens_per_s == 20.0
+    assert share.span_s == 1.0  # from the oldest tokens kept
     assert window.share(10.5).shares == (("b@1", 10 / 110),)
-    assert window.share(100.0) == TrafficShare((), 0.0, 0)
+    assert window.share(10.5).span_s == 9.5
+    assert window.share(100.0) == TrafficShare((), 0.0, 0, 0.0)
     with pytest.raises(ValueError, match="num_tokens -1"):
         window.record(1.0, "a@1", -1)
 
