@@ -204,7 +204,11 @@ def register_many(
 def list_adapters(
     location: Location,
     tenant: Annotated[
-        str | None, typer.Option(help="Only what this tenant may use (default: every adapter)")
+        str | None,
+        typer.Option(
+            help="Only what this tenant may call by name: its own and public adapters whose "
+            "alias serves a revision (default: every adapter)"
+        ),
     ] = None,
     *,
     limit: Limit = DEFAULT_PAGE,

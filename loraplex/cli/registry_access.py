@@ -180,4 +180,10 @@ def provenance_line(p: Provenance) -> str:
 
 
 def utc_time(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """``epoch_s`` as a UTC date; one no date can show (infinite, past year 9999: a release
+    stored before its plan's bounds, ``release/shown.py``) as ``no date (VALUE)``. NOTE: it
+    raised ``OverflowError``, which ended ``release status`` with a traceback."""
+    try:
+        return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError):
+        return f"no date ({epoch_s!r})"

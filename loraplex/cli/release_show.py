@@ -12,12 +12,15 @@ import typer
 
 from loraplex.cli.registry_access import utc_time
 from loraplex.release.model import Release, ReleaseState, RevisionWindow
+from loraplex.release.shown import shown
 
 
 def release_dict(release: Release) -> dict[str, Any]:
+    """The record as ``--json`` prints it, made safe to print (``release/shown.py``: a value
+    stored before today's bounds is null or U+FFFD there, and named in ``invalid``)."""
     body = asdict(release)
     body["share"] = release.share
-    return body
+    return shown(body)
 
 
 def headline(release: Release) -> str:
@@ -35,8 +38,11 @@ def show_release(release: Release, as_json: bool) -> None:
         typer.echo(json.dumps(release_dict(release), indent=2))
         return
     typer.echo(headline(release))
-    if release.reason:
-        typer.echo(f"reason\t{release.reason}")
+    body = release_dict(release)
+    for problem in body["invalid"]:  # stored before today's bounds: shown made safe
+        typer.echo(f"invalid\t{problem}")
+    if body["reason"]:
+        typer.echo(f"reason\t{body['reason']}")
     now = time.time()  # the registry's wall clock: hold_until and comparisons are epoch seconds
     waiting = _waiting(release, now)
     if waiting is not None:

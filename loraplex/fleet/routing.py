@@ -74,12 +74,23 @@ MAX_CALLS_REMEMBERED = 65536  # what ``FirstTries``, ``Unadmitted`` keep (least 
 
 
 class Unadmitted:
-    """Generate requests this process's request router counted into its ``FleetTopology``
-    that have not had a first token yet, by (tenant, request id): the engine client
-    (``engine_client.FleetEngineClient``) calls ``admitted`` at a request's first token and
-    ``withdraw`` when an attempt ends without one, which uncounts it (``FleetTopology.withdraw``).
-    NOTE: a tenant's refused or cancelled requests otherwise weighed toward a dedication. The
-    last ``MAX_CALLS_REMEMBERED`` are kept (least recent out first: counted for good)."""
+    """Generate calls this process's request router routed that have not had a first token
+    yet, by (tenant, request id), each with what undoes its routing. The request router
+    (``ray_router.LoraplexRequestRouter._unadmitted``) registers one (``counted``) at every
+    generate call's first try, with or without a topology. Its undo withdraws the call's
+    decision from the router's memory (``Router.withdraw``: where it was sent last, at its
+    latest backoff when Ray gave the call an id), which otherwise counted as that replica's
+    pending load until its next report; with a topology, it also uncounts the call from
+    ``FleetTopology`` (``FleetTopology.withdraw``). The engine client
+    (``engine_client.FleetEngineClient``) calls ``admitted`` at a request's first token (the
+    undo is dropped: the work stands) and ``withdraw`` when an attempt ends without one
+    (refused, cancelled or lost), which runs the undo once. NOTE: a tenant's refused or
+    cancelled requests otherwise weighed toward a dedication, and one sending requests and
+    cancelling them made a replica look saturated. Bounded: the last ``MAX_CALLS_REMEMBERED``
+    calls are kept, the least recently counted dropped past that without its undo, so a flood
+    of more unadmitted calls than that leaves the oldest counted: as pending load until their
+    replica's next report (or the memory's ``recent_ttl_s``), and with a topology in its
+    window (``TopologyConfig.window_s``)."""
 
     def __init__(self, max_remembered: int = MAX_CALLS_REMEMBERED) -> None:
         self._max = max_remembered

@@ -243,10 +243,14 @@ class Registry(TrustAdmin):
     # --- tenants' view ------------------------------------------------------------------------
 
     def usable_adapters(self, caller: str, page: Page | None = None) -> list[Adapter]:
-        """What ``caller`` may use: its own adapters and public ones; nothing else (every one,
-        or one ``page`` of them)."""
+        """What ``caller`` may use: its own adapters and public ones whose alias serves a
+        revision (on the served base model, when this registry knows it), exactly those that
+        ``resolve`` answers by name; nothing else (every one, or one ``page`` of them)."""
+        dialect, base = self._db.dialect, self.base_digest
         with self._db.transaction(write=False, serving=True) as tx:
-            return adapter_rows.list_usable_adapters(tx, caller, page)
+            return adapter_rows.list_usable_adapters(
+                tx, caller, page, dialect=dialect, base_digest=base
+            )
 
     def resolve(self, caller: str, model_string: str, request_id: str | None = None) -> AdapterKey:
         """``name``, ``tenant/name`` or ``...@revision`` -> the revision that will answer."""

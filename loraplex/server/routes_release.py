@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from loraplex.release.model import Comparison, Release, RevisionWindow
+from loraplex.release.shown import shown
 from loraplex.release.store import ReleaseStore
 from loraplex.server.admin_models import PageDep, StartReleaseBody
 from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
@@ -73,7 +74,10 @@ def _judged(comparison: Comparison | None) -> dict[str, Any] | None:
 
 
 def release_view(release: Release, deps: ServerDeps | None = None) -> dict[str, Any]:
-    """A release as the API shows it; with ``deps``, also this server's live windows."""
+    """A release as the API shows it; with ``deps``, also this server's live windows. Made safe
+    to send (``release/shown.py``): a value stored before today's bounds (a lone surrogate, an
+    infinite duration) is U+FFFD or null, and named in ``invalid``, so one old release never
+    fails a page of them."""
     view: dict[str, Any] = asdict(release)
     view.pop("comparison")
     view["state"] = release.state.value
@@ -88,7 +92,7 @@ def release_view(release: Release, deps: ServerDeps | None = None) -> dict[str, 
         view["live"] = {"since": since, "table": comparison_table(live_candidate, live_stable)}
     else:
         view["live"] = None
-    return view
+    return shown(view)
 
 
 @router.post("", status_code=201)

@@ -77,7 +77,7 @@ def _fake_single(calls: list[tuple[str, int, int]]) -> Any:
             "throughput_requests_per_s": 2.0,
             "hit_ratio": {"L0": 0.1, "L1": 0.2, "L2": 0.3, "L3": 0.4},
             "l0_loads": 9,
-            "refused": {"400": 1} if small else {},
+            "refused": {"context_length_exceeded": 1} if small else {},
         }
 
     return single
@@ -107,7 +107,7 @@ def test_each_deployment_runs_on_each_trace_in_abba_order(demo_assets) -> None: 
     assert result["config"]["slo"] == ["ttft_p99<=2000ms", "completed_ratio>=0.99"]
     first = result["runs"][0]
     assert first["machine_s_per_correct_request"] == 0.5 and first["violations"] == []
-    assert first["refused"] == {} and result["runs"][1]["refused"] == {"400": 1}  # in no TTFT
+    assert first["refused"] == {} and result["runs"][1]["refused"] == {"context_length_exceeded": 1}
     assert first["load_1m_before"] is not None
     json.dumps(result, allow_nan=False)
 

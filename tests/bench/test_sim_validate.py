@@ -3,9 +3,12 @@ the workload rows, and the `bench sim` / `sim calibrate` / `plan` command-line c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from dataclasses import fields, replace
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NoReturn
@@ -13,9 +16,11 @@ from typing import Any, NoReturn
 import httpx
 import pytest
 import typer
+from local_http import local_server
 from typer.testing import CliRunner
 
-from loraplex.bench.serve.driver import RequestRecord
+from loraplex.bench.serve import driver
+from loraplex.bench.serve.driver import DriveConfig, RequestRecord
 from loraplex.bench.serve.fleet import STORM_COLD_LOADS
 from loraplex.bench.sim.bench import prepared
 from loraplex.bench.sim.calibrate_cold import ColdSample, handoff_seconds
@@ -30,12 +35,21 @@ from loraplex.bench.sim.validate import (
     fleet_cache_outcome,
     request_outcome,
 )
-from loraplex.bench.workloads import ScenarioParams, generate
+from loraplex.bench.workloads import ScenarioParams, TraceRequest, generate
 from loraplex.cli import app
 from loraplex.cli.sim_calibrate import _redacted, register_calibrate
 from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.errors import ContextLengthError
 from loraplex.residency.ledger import Tier
+from loraplex.sampling import check_prompt_room
+from loraplex.server.errors import context_error
 from loraplex.sim.config import SimConfig
+from loraplex.sim.cost_model import load as load_cost
+from loraplex.sim.refusal import CONTEXT_CODE
+from loraplex.sim.run import simulate
+from loraplex.sim.trace import TraceRecord
+
+_COST_EXAMPLE = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json"
 
 
 def _flat(output: str) -> str:
@@ -79,9 +93,48 @@ def test_a_400_is_refused_and_in_no_percentile_as_the_simulator_counts_it() -> N
     for key in ("ttft_ms", "ttft_ms_warm", "ttft_ms_cold"):
         assert out[key] == alone[key], key
     assert out["ttft_ms"]["p99"] == pytest.approx(10_000.0, rel=0.01)  # the 503
-    assert (out["refused"], alone["refused"]) == ({"400": 2}, {})
+    assert (out["refused"], alone["refused"]) == ({"400": 2}, {})  # no code: the status
     assert (out["requests"], out["completed"]) == (5, 2)
     assert out["completed_ratio"] == pytest.approx(0.4)
+
+
+def test_refused_is_keyed_by_the_error_code_on_both_sides() -> None:
+    """The real side keyed ``refused`` by status (``{"400": 1}``) where the simulator keys it by
+    the server's error code (``{"context_length_exceeded": 1}``): one ``bench sim`` line held
+    the same requests under two keys. The driver reads the code from the 400's body (the
+    server's own ``context_error``), and both sides key by it."""
+    with pytest.raises(ContextLengthError) as refused_here:
+        check_prompt_room(600, 512)
+    body = json.dumps(context_error(refused_here.value).body()).encode()
+
+    class Refusing(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    request = TraceRequest(0.0, "t", "a0", 600, 8)
+    with local_server(Refusing) as url:
+        record = asyncio.run(
+            driver.send_one(url, request, key="k", ids=[5] * 600, arrival=time.monotonic(),
+                     tier="L0", config=DriveConfig(request_timeout_s=5.0))
+        )  # fmt: skip
+    assert (record.status, record.code) == (400, CONTEXT_CODE)
+    real = request_outcome([record, _record(0.5, 0.1)], timeout_s=5.0)["refused"]
+    config = SimConfig(max_model_len=512)
+    trace = [TraceRecord(0.0, "t", "a0", 600, 8), TraceRecord(0.5, "t", "a0", 32, 8)]
+    simulated = simulate(trace, config, load_cost(_COST_EXAMPLE)).metrics["refused"]
+    assert real == simulated == {CONTEXT_CODE: 1}
+    assert (
+        driver.error_code({"error": {"code": "x" * 65}}) is None
+    )  # not a code: the status keys it
+    assert driver.error_code([]) is None and driver.error_code({"error": "boom"}) is None
 
 
 def test_fleet_statuses_sum_into_per_tier_hit_ratios() -> None:

@@ -21,6 +21,7 @@ from loraplex.registry import (
     Visibility,
 )
 from loraplex.registry.resolution import choose_target, parse_model_string
+from loraplex.registry.sql.paging import Page
 
 
 @pytest.fixture
@@ -195,6 +196,33 @@ def test_the_owner_is_told_its_alias_serves_no_revision(two_tenants: Registry) -
     assert reg.resolve("acme", "bot@v1").revision == "v1"  # the hint's pin works
     uniform = f"model {quoted('acme/shared')} does not name an adapter available to you"
     assert _not_found_message(reg, "beta", "acme/shared") == uniform
+
+
+def test_the_listing_holds_only_adapters_whose_alias_serves(
+    two_tenants: Registry, open_reg: OpenRegistry, tmp_path: Path
+) -> None:
+    """``usable_adapters`` (``GET /v1/models``) listed an adapter whose alias serves no revision
+    (every target deprecated, or built for another base model): a card no call could use. The
+    filter is in the statement, so a page still holds ``limit`` adapters and pages on past the
+    ones left out (both databases: the alias's targets are read by each one's JSON functions)."""
+    reg = two_tenants
+    reg.set_alias("acme", "bot", (AliasTarget("v1", 1), AliasTarget("v2", 1)), "ops")
+    reg.set_release("acme/bot@v1", "ops", state=RevisionState.DEPRECATED)
+    assert [a.ref for a in reg.usable_adapters("acme")] == ["acme/bot", "acme/shared"]  # v2 serves
+    reg.set_release("acme/bot@v2", "ops", state=RevisionState.DEPRECATED)
+    assert [a.ref for a in reg.usable_adapters("acme")] == ["acme/shared"]
+    with pytest.raises(AdapterNotFoundError):  # what a call does: the listing agrees
+        reg.resolve("acme", "bot")
+    assert [a.ref for a in reg.usable_adapters("acme", Page(None, 1))] == ["acme/shared"]
+    assert reg.usable_adapters("acme", Page("acme/shared", 1)) == []
+    reg.set_release("acme/shared@v1", "ops", state=RevisionState.DEPRECATED)
+    assert [a.ref for a in reg.usable_adapters("beta")] == ["beta/bot"]
+    assert [a.ref for a in reg.usable_adapters("beta", Page(None, 1))] == ["beta/bot"]
+    reg.set_release("acme/bot@v2", "ops", state=RevisionState.STABLE)
+    assert [a.ref for a in reg.usable_adapters("acme", Page(None, 1))] == ["acme/bot"]
+    other = BaseModelSpec.from_dir(write_base_model(tmp_path / "other", seed=5))
+    assert open_reg(base=other).usable_adapters("acme") == []  # every revision on another base
+    assert [a.ref for a in open_reg(base=None).usable_adapters("acme")] == ["acme/bot"]
 
 
 def test_an_alias_of_only_deprecated_revisions_is_refused(two_tenants: Registry) -> None:

@@ -316,3 +316,66 @@ def test_a_ladder_of_more_than_16_steps_is_refused(run, registry: Registry) -> N
     out = run("release", "start", "acme/bot", "v2", "--ladder", ladder, code=1)
     assert "--ladder of 17 steps is invalid; expected at most 16" in " ".join(out.split())
     assert ReleaseStore(registry).list_releases(include_terminal=True) == []
+
+
+def _store_out_of_bounds(registry: Registry, release_id: str) -> None:
+    """Writes straight into the row what releases stored before ``check_plan_bounds`` and
+    ``MAX_PLAN_SECONDS`` held: an infinite ``window_s``, a ``dwell_s`` of 1e300, a probe text
+    with a lone surrogate (JSON escapes it: a text column could not hold it), and the
+    ``hold_until`` such a window gave."""
+    with registry.db.transaction() as tx:
+        row = tx.query_one("SELECT plan FROM releases WHERE release_id = ?", (release_id,))
+        assert row is not None
+        plan = json.loads(row[0])
+        plan.update(window_s=float("inf"), dwell_s=1e300)
+        plan["thresholds"]["max_step_s"] = 1e300
+        probe = {"prompt": "\ud800 2+2=", "expected": "4", "differ_from_stable": False}
+        plan["probes"] = [{**probe, "max_tokens": 4}]
+        tx.execute(
+            "UPDATE releases SET plan = ?, hold_until = ? WHERE release_id = ?",
+            (json.dumps(plan), 1e300, release_id),
+        )
+
+
+def _strict_json(text: str) -> object:
+    def refuse(constant: str) -> object:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_release_stored_before_the_bounds_is_shown_made_safe(  # type: ignore[no-untyped-def]
+    run, registry: Registry
+) -> None:
+    """A release stored before the plan's bounds (an infinite window, a probe with a lone
+    surrogate, a ``hold_until`` no date shows) ended ``release status`` with an OverflowError
+    and made ``release list --json`` print ``Infinity`` (not JSON). Now each such value is
+    shown safe (null, U+FFFD) and named in ``invalid``; the other releases are untouched."""
+    run("release", "start", "acme/bot", "v2")
+    run("release", "abort", "acme/bot")
+    run("release", "start", "acme/bot", "v3")
+    run("release", "abort", "acme/bot")
+    clean, old = ReleaseStore(registry).list_releases(include_terminal=True)
+    _store_out_of_bounds(registry, old.release_id)
+
+    listed = _strict_json(run("release", "list", "--all", "--json"))
+    assert isinstance(listed, list)
+    assert [r["release_id"] for r in listed] == [clean.release_id, old.release_id]
+    assert listed[0]["invalid"] == [] and listed[0]["plan"]["window_s"] == 600.0
+    shown = listed[1]
+    assert (shown["plan"]["window_s"], shown["plan"]["dwell_s"], shown["hold_until"]) == (
+        None, None, None,
+    )  # fmt: skip
+    assert shown["plan"]["thresholds"]["max_step_s"] is None
+    assert shown["plan"]["probes"][0]["prompt"] == "\ufffd 2+2="
+    named = [problem.split(":", 1)[0] for problem in shown["invalid"]]
+    assert named == [
+        "plan.dwell_s", "plan.window_s", "plan.thresholds.max_step_s", "plan.probes[0].prompt",
+        "hold_until",
+    ]  # fmt: skip
+    out = run("release", "status", "acme/bot")
+    assert f"{old.release_id}\tacme/bot\tv1 -> v3\taborted" in out
+    assert "invalid\tplan.window_s: inf is not a finite number; shown as null" in out
+    assert "invalid\thold_until: 1e+300 is no date; shown as null" in out
+    assert "holding v1 until no date (1e+300)" in out
+    assert old.release_id in run("release", "list", "--all")

@@ -11,6 +11,7 @@ import pytest
 from conftest import BASE_NAME, Rig
 from openai import OpenAI
 
+from loraplex.registry import RevisionState, Visibility
 from loraplex.registry.sql.paging import MAX_CURSOR_CHARS, MAX_PAGE
 from loraplex.server import routes_models
 
@@ -157,3 +158,51 @@ def test_a_cursor_that_is_not_utf_8_is_a_400_naming_after(rig: Rig, query: str) 
     reply = rig.client.get(f"/v1/models?{query}", headers=rig.headers("acme"))
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == "after"
+
+
+def test_an_adapter_whose_alias_serves_no_revision_is_not_listed(rig: Rig) -> None:
+    """Every revision its alias routes to deprecated: ``/v1/models`` listed the adapter (to its
+    owner and, public, to every tenant), though every call by that name was refused (the owner
+    told it serves no revision, anyone else the unknown model's 404). Now it is not listed, its
+    card is that same 404, and a page of ``limit`` cards pages on past it."""
+    registry = rig.served.registry
+    alias = registry.get_alias("acme", "legal")
+    assert alias is not None
+    states = {
+        t.revision: registry.get_revision(f"acme/legal@{t.revision}").state for t in alias.targets
+    }
+    before_acme, before_globex = _ids(rig), _listed_by(rig, "globex")
+    registry.set_visibility("acme", "legal", Visibility.PUBLIC, "test")
+    try:
+        assert "acme/legal" in _listed_by(rig, "globex")
+        for revision in states:
+            registry.set_release(f"acme/legal@{revision}", "test", state=RevisionState.DEPRECATED)
+        assert _ids(rig) == [card for card in before_acme if card != "legal"]
+        assert _listed_by(rig, "globex") == before_globex
+        at = before_acme.index("legal")
+        assert _listed(rig, after=before_acme[at - 1], limit=1) == ([before_acme[at + 1]], True)
+        for tenant, model in (("acme", "legal"), ("globex", "acme/legal")):
+            card = rig.client.get(f"/v1/models/{model}", headers=rig.headers(tenant))
+            call = rig.client.post(
+                "/v1/completions",
+                json={"model": model, "prompt": "x", "max_tokens": 1},
+                headers=rig.headers(tenant),
+            )
+            assert card.status_code == call.status_code == 404, (card.text, call.text)
+            assert card.json()["error"]["message"] == call.json()["error"]["message"]
+        unknown = rig.client.get("/v1/models/acme/nothing", headers=rig.headers("globex"))
+        hidden = rig.client.get("/v1/models/acme/legal", headers=rig.headers("globex"))
+        assert hidden.json()["error"]["message"] == unknown.json()["error"]["message"].replace(
+            "acme/nothing", "acme/legal"
+        )  # the one 404: another tenant learns nothing of the owner's revisions
+    finally:
+        for revision, state in states.items():
+            registry.set_release(f"acme/legal@{revision}", "test", state=state)
+        registry.set_visibility("acme", "legal", Visibility.PRIVATE, "test")
+    assert _ids(rig) == before_acme and _listed_by(rig, "globex") == before_globex
+
+
+def _listed_by(rig: Rig, tenant: str) -> list[str]:
+    reply = rig.client.get("/v1/models", headers=rig.headers(tenant))
+    assert reply.status_code == 200, reply.text
+    return [card["id"] for card in reply.json()["data"]]

@@ -238,3 +238,45 @@ def test_finished_releases_read_in_bounded_pages(plant: Plant) -> None:
         reply = listing(finished="true", **params)
         assert reply.status_code == 400, (params, reply.text)
         assert reply.json()["error"]["param"] == param
+
+
+def test_a_release_stored_before_the_bounds_breaks_no_page(plant: Plant) -> None:
+    """A release stored before ``check_plan_bounds`` and ``MAX_PLAN_SECONDS`` (a probe with a
+    lone surrogate, an infinite ``window_s``) made every answer holding it fail (a 400 naming
+    the serializer's error), the whole page of releases with it. Now it is listed, each such
+    value shown safe (U+FFFD, null) and named in ``invalid``; the other releases as they are."""
+    ids = []
+    for _ in range(3):
+        started = _start(plant)
+        assert started.status_code == 201, started.text
+        ids.append(started.json()["release_id"])
+        aborted = plant.client.post("/admin/releases/acme/support/abort", headers=ADMIN)
+        assert aborted.status_code == 200, aborted.text
+    with plant.registry.db.transaction() as tx:
+        for release_id, change in (
+            (ids[0], {"window_s": float("inf")}),
+            (ids[2], {"probes": [{"prompt": "\ud800x", "expected": "4", "max_tokens": 4,
+                                  "differ_from_stable": False}]}),
+        ):  # fmt: skip
+            row = tx.query_one("SELECT plan FROM releases WHERE release_id = ?", (release_id,))
+            assert row is not None
+            plan = {**json.loads(row[0]), **change}
+            tx.execute(
+                "UPDATE releases SET plan = ? WHERE release_id = ?", (json.dumps(plan), release_id)
+            )
+
+    def listing(**params: Any) -> Any:
+        reply = plant.client.get("/admin/releases", params=params, headers=ADMIN)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    everything = listing(finished="true")
+    assert [r["release_id"] for r in everything] == ids
+    assert everything[0]["plan"]["window_s"] is None
+    assert everything[0]["invalid"] == ["plan.window_s: inf is not a finite number; shown as null"]
+    assert everything[1]["invalid"] == [] and everything[1]["plan"]["window_s"] == 600.0
+    assert everything[2]["plan"]["probes"][0]["prompt"] == "\ufffdx"
+    assert [p.split(":")[0] for p in everything[2]["invalid"]] == ["plan.probes[0].prompt"]
+    assert [r["release_id"] for r in listing(finished="true", limit=1, after=ids[0])] == ids[1:2]
+    status = plant.client.get("/admin/releases/acme/support", headers=ADMIN)
+    assert status.status_code == 200 and status.json()["release_id"] == ids[2]

@@ -61,6 +61,10 @@ class RequestRecord:
     revision: str | None  # the revision the server reported
     error: str | None  # error type or body, None on success
     reply_s: float | None = None  # arrival to the reply's status line; None without a reply
+    # The error's ``code`` (a refused reply's body, or a stream's error event: e.g.
+    # ``context_length_exceeded``); None without one. ``bench sim`` keys ``refused`` by it,
+    # as the simulator does (``sim/refusal.py``).
+    code: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -136,6 +140,7 @@ class _Stream:
     revision: str | None = None  # loraplex.revision of the chunks
     tier: str | None = None  # the server's tier at arrival; None when it does not say
     error: str | None = None  # an error event's message
+    code: str | None = None  # the error's ``code`` (``error_code``)
     reply_s: float | None = None  # monotonic time the reply's status line arrived
 
 
@@ -145,6 +150,7 @@ def _consume(line: str, stream: _Stream) -> None:
     chunk = json.loads(line[len("data: ") :])
     if "error" in chunk:
         stream.error = str(chunk["error"].get("type", "error"))
+        stream.code = error_code(chunk)
         return
     info = chunk.get("loraplex") or {}
     stream.revision = info.get("revision", stream.revision)
@@ -159,6 +165,18 @@ def _consume(line: str, stream: _Stream) -> None:
         stream.tokens += 1
 
 
+MAX_CODE_CHARS = 64  # an error code kept at most (the server's are short snake_case names)
+
+
+def error_code(body: object) -> str | None:
+    """The ``code`` of an OpenAI-style error body (``{"error": {"code": ...}}``); None when it
+    has none (or not a short string). NOTE: the body's text was kept only as ``error`` (its
+    first 200 characters, where a long message could push the code out)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) and 0 < len(code) <= MAX_CODE_CHARS else None
+
+
 async def _send(url: str, key: str, body: dict[str, object], stream: _Stream) -> int:
     headers = {"Authorization": f"Bearer {key}"}
     async with StreamingPost(url, "/v1/completions", body, headers) as post:
@@ -167,6 +185,8 @@ async def _send(url: str, key: str, body: dict[str, object], stream: _Stream) ->
         if post.reply.status != 200:
             payload = await post.body()
             stream.error = payload.decode("utf-8", errors="replace")[:200]
+            with contextlib.suppress(ValueError):  # not JSON (a proxy's page): no code
+                stream.code = error_code(json.loads(payload))
             return post.reply.status
         stream.tier = post.reply.headers.get(TIER_HEADER)
         async for line in post.lines():
@@ -218,6 +238,7 @@ async def send_one(
         stream.revision,
         stream.error,
         None if stream.reply_s is None else stream.reply_s - arrival,
+        stream.code,
     )
 
 

@@ -136,7 +136,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
 def outcome_keys(outcome: Mapping[str, Any]) -> dict[str, Any]:
     """What a run record keeps of the real outcome, with machine seconds per correct request
     (one server: the makespan over completed requests; null when none completed). ``refused``
-    (400 replies, by status) is kept: those requests are in no TTFT percentile."""
+    (400 replies, by error code) is kept: those requests are in no TTFT percentile."""
     kept = ("requests", "completed", "completed_ratio", "ttft_ms", "makespan_s",
             "throughput_requests_per_s", "hit_ratio", "l0_loads", "refused")  # fmt: skip
     out = {k: outcome[k] for k in kept}

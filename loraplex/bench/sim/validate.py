@@ -5,8 +5,9 @@ affinity-until-saturated router), each reduced to the outcome keys ``compare.OUT
 
 Both sides start cold (no warm-up: the simulator starts with empty caches too) and see the same
 requests. TTFT counts every request (failures at the timeout) but those the server refused
-before queueing them (a 400 reply: ``refused``, by status; the simulator refuses the same
-requests at arrival, ``sim/refusal.py``, and leaves them out of its percentiles too); the
+before queueing them (a 400 reply: ``refused``, by its error body's ``code``, as the simulator
+keys the same requests it refuses at arrival, ``sim/refusal.py``, and leaves out of its
+percentiles too; a 400 without a code is keyed ``"400"``); the
 makespan runs from the first arrival to the last end (a completed request ends at TTFT + TPOT x
 (tokens - 1), a failed or refused one at its reply or the timeout), as ``sim/result.py``
 measures it.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -76,12 +78,15 @@ REFUSED_STATUS = 400
 
 def request_outcome(records: Sequence[RequestRecord], timeout_s: float) -> dict[str, Any]:
     """TTFT, completion and throughput figures of one replay (sim/result.py's names); a 400
-    reply counts in ``requests`` and ``refused`` and in no TTFT percentile (module docstring)."""
+    reply counts in ``requests`` and ``refused`` (by its error code, as the simulator's) and in
+    no TTFT percentile (module docstring). NOTE: ``refused`` was keyed by the status
+    (``{"400": 2}``) beside the simulator's ``{"context_length_exceeded": 2}``: one JSON line
+    held two keys for the same requests."""
     done = sum(r.ok for r in records)
     start = min((r.t_s for r in records), default=0.0)
     makespan = max((_end_s(r, timeout_s) for r in records), default=start) - start
     timed = [r for r in records if r.status != REFUSED_STATUS]
-    refused = len(records) - len(timed)
+    refused = Counter(r.code or str(r.status) for r in records if r.status == REFUSED_STATUS)
     return {
         "requests": len(records),
         "completed": done,
@@ -93,7 +98,7 @@ def request_outcome(records: Sequence[RequestRecord], timeout_s: float) -> dict[
         "ttft_ms_cold": ttft_ms([r for r in timed if r.tier != "L0"], timeout_s),
         "makespan_s": round(makespan, 4),
         "throughput_requests_per_s": ratio(done, makespan, 3),
-        "refused": {str(REFUSED_STATUS): refused} if refused else {},
+        "refused": dict(sorted(refused.items())),
     }
 
 

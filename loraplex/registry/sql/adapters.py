@@ -68,14 +68,56 @@ def list_adapters(tx: Tx, owner: str | None, page: Page | None = None) -> list[A
     )
 
 
-def list_usable_adapters(tx: Tx, caller: str, page: Page | None = None) -> list[Adapter]:
-    """The caller's own adapters and every public one: exactly what ``caller`` may use, by
-    (tenant, name); with ``page``, at most ``page.limit`` after ``page.after`` (``tenant/name``,
-    as ``list_adapters``: a position, so naming an adapter the caller may not see tells it
-    nothing)."""
+def list_usable_adapters(
+    tx: Tx,
+    caller: str,
+    page: Page | None = None,
+    *,
+    dialect: str,
+    base_digest: str | None = None,
+) -> list[Adapter]:
+    """The caller's own adapters and every public one whose alias serves a revision: exactly
+    what ``caller`` may call by name, by (tenant, name); with ``page``, at most ``page.limit``
+    after ``page.after`` (``tenant/name``, as ``list_adapters``: a position, so naming an
+    adapter the caller may not see tells it nothing). An alias serves when one of its targets
+    is not deprecated and, with ``base_digest`` (the served base model), was registered for
+    that base: ``resolution.servable_targets``, decided in the statement (``dialect``: the
+    JSON functions that read the alias's targets), so a page holds ``page.limit`` such
+    adapters however many others lie between them.
+    NOTE: every adapter was listed: one whose every alias target was deprecated (or built for
+    another base model) was a card that no call could use (the owner was told it serves no
+    revision, any other caller the unknown model's 404)."""
+    serves, params = _alias_serves(dialect, base_digest)
     return _adapters(
-        tx, ["(tenant = ? OR visibility = ?)"], [caller, Visibility.PUBLIC.value], page
+        tx,
+        ["(tenant = ? OR visibility = ?)", serves],
+        [caller, Visibility.PUBLIC.value, *params],
+        page,
     )
+
+
+# The alias's targets as rows, with the target's revision label (``targets_json``'s objects).
+_TARGETS = {
+    "sqlite": ("json_each(al.targets) t", "json_extract(t.value, '$.revision')"),
+    "postgres": ("json_array_elements(al.targets::json) t", "t.value ->> 'revision'"),
+}
+
+
+def _alias_serves(dialect: str, base_digest: str | None) -> tuple[str, list[object]]:
+    """The condition (on a row of ``adapters``) that its alias has a target resolution serves
+    (``resolution.servable_targets``), and its parameters."""
+    if dialect not in _TARGETS:
+        raise ValueError(f"dialect {dialect!r} is invalid; expected one of {sorted(_TARGETS)}")
+    targets, label = _TARGETS[dialect]
+    base = "" if base_digest is None else " AND v.base_digest = ?"
+    condition = (
+        f"EXISTS (SELECT 1 FROM aliases al, {targets}, revisions v "
+        "WHERE al.tenant = adapters.tenant AND al.name = adapters.name "
+        f"AND v.tenant = al.tenant AND v.name = al.name AND v.revision = {label} "
+        f"AND v.state <> ?{base})"
+    )
+    params: list[object] = [RevisionState.DEPRECATED.value]
+    return condition, params if base_digest is None else [*params, base_digest]
 
 
 def _adapters(tx: Tx, where: list[str], params: list[object], page: Page | None) -> list[Adapter]:
