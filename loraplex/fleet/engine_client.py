@@ -105,6 +105,8 @@ class FleetEngineClient:
                 self._live.pop(request.request_id, None)
                 if not streamed:  # refused, cancelled or lost before its first token
                     routing.UNADMITTED.withdraw(request.tenant, request.request_id)
+                else:  # answered, or cut after its first token: no longer its replica's load
+                    routing.UNADMITTED.ended(request.tenant, request.request_id)
                 if not finished:
                     stream.cancel()  # the caller stopped reading, or the request failed
 

@@ -102,23 +102,41 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
         """Until a generate call's first token (``routing.UNADMITTED``): if it is refused,
         cancelled or lost before it, its decision is withdrawn from the router's memory (where
         it was sent last: ``mark``, or its latest backoff ask's) and uncounted from the topology
-        (``entry``: ``FleetTopology.record``'s, None without one). Called under ``_lock``.
+        (``entry``: ``FleetTopology.record``'s, None without one); if it ends after its first
+        token, its decision ends there (``Router.finish``: no longer load, its revision still
+        named until the replica's next report). Called under ``_lock``.
 
         NOTE: a call ended at once stayed the replica's pending load until its next report: a
         tenant sending requests and cancelling them made that replica look saturated (8 in a
         report period, at the default ``max_queued``), and other tenants' requests for the
-        revisions it holds went elsewhere, to load them cold (docs/benchmarks/attackfleet.md)."""
+        revisions it holds went elsewhere, to load them cold (docs/benchmarks/attackfleet.md).
+        So did a call answered in full before that report: two clients sending 1-token
+        completions back to back saturated every replica in the router's eyes
+        (docs/benchmarks/attackfleet2.md)."""
         topology = self._topology
+
+        def latest() -> tuple[str, Entry] | None:
+            return self._first_tries.mark(pending) if routing.has_call_id(pending) else mark
+
+        def undo_locked() -> None:
+            if topology is not None and entry is not None:
+                topology.withdraw(entry)
+            withdrawn = latest()
+            if withdrawn is not None:
+                self._router.withdraw(withdrawn)
 
         def undo() -> None:
             with self._lock:
-                if topology is not None and entry is not None:
-                    topology.withdraw(entry)
-                latest = self._first_tries.mark(pending) if routing.has_call_id(pending) else mark
-                if latest is not None:
-                    self._router.withdraw(latest)
+                undo_locked()
 
-        routing.UNADMITTED.counted(work.tenant, work.request_id, undo)
+        def finish() -> None:
+            with self._lock:
+                ended = latest()
+                if ended is not None:
+                    self._router.finish(ended)
+
+        if not routing.UNADMITTED.counted(work.tenant, work.request_id, undo, finish):
+            undo_locked()  # the request ended (its client left) before this ask ran
 
     async def choose_replicas(
         self,

@@ -71,48 +71,100 @@ TOPOLOGY_ASKS = TopologyAsks()
 
 
 MAX_CALLS_REMEMBERED = 65536  # what ``FirstTries``, ``Unadmitted`` keep (least recent out first)
+# requests ``Unadmitted`` keeps as withdrawn before the router counted them: the router's ask
+# for one comes within milliseconds, or never (Ray skips a cancelled call it has not routed)
+MAX_ENDED_REMEMBERED = 4096
 
 
 class Unadmitted:
-    """Generate calls this process's request router routed that have not had a first token
-    yet, by (tenant, request id), each with what undoes its routing. The request router
-    (``ray_router.LoraplexRequestRouter._unadmitted``) registers one (``counted``) at every
-    generate call's first try, with or without a topology. Its undo withdraws the call's
-    decision from the router's memory (``Router.withdraw``: where it was sent last, at its
-    latest backoff when Ray gave the call an id), which otherwise counted as that replica's
-    pending load until its next report; with a topology, it also uncounts the call from
-    ``FleetTopology`` (``FleetTopology.withdraw``). The engine client
-    (``engine_client.FleetEngineClient``) calls ``admitted`` at a request's first token (the
-    undo is dropped: the work stands) and ``withdraw`` when an attempt ends without one
-    (refused, cancelled or lost), which runs the undo once. NOTE: a tenant's refused or
-    cancelled requests otherwise weighed toward a dedication, and one sending requests and
-    cancelling them made a replica look saturated. Bounded: the last ``MAX_CALLS_REMEMBERED``
-    calls are kept, the least recently counted dropped past that without its undo, so a flood
-    of more unadmitted calls than that leaves the oldest counted: as pending load until their
-    replica's next report (or the memory's ``recent_ttl_s``), and with a topology in its
-    window (``TopologyConfig.window_s``)."""
+    """Generate requests this process's request router counted (``LoraplexRequestRouter``:
+    its topology's count, and its decision, pending on the replica it was sent to) that have
+    not ended yet, by (tenant, request id). The engine client (``engine_client.FleetEngineClient``)
+    calls ``admitted`` at a request's first token, ``withdraw`` when an attempt ends without
+    one, which undoes both (``FleetTopology.withdraw``, ``Router.withdraw``), and ``ended`` when
+    a request that had its first token ends, which ends its decision (``Router.finish``: no
+    longer load, still its revision's) and keeps the topology's count (served work).
+    NOTE: a tenant's refused or cancelled requests otherwise weighed toward a dedication, and
+    they and its finished ones stayed their replica's pending load until its next report.
 
-    def __init__(self, max_remembered: int = MAX_CALLS_REMEMBERED) -> None:
+    A request withdrawn before the router counted it is remembered as ended, and ``counted``
+    then answers False (the caller undoes it at once) instead of keeping it. NOTE: Ray Serve
+    routes on its own event loop: a request cancelled within milliseconds of being sent (its
+    client left) was withdrawn here before the router's ask for it ran; the ask then kept an
+    undo no one would call (holding the call, its prompt included, until
+    ``MAX_CALLS_REMEMBERED`` newer ones pushed it out) and left its decision pending.
+
+    The last ``MAX_CALLS_REMEMBERED`` counted and running ones are kept, and the last
+    ``MAX_ENDED_REMEMBERED`` ended ones, least recent out first. A counted one pushed out stays
+    counted (its decision until its replica's next report, at most ``recent_ttl_s``; its
+    topology count for the topology's window): that takes more requests in flight at once than
+    the ingress's connection bounds let in (``max_connections``, 1,024 by default). Not a
+    tenant's lever: what filled it was the race above (8 of 3,000 requests whose client left
+    6-8 ms after sending, on the demo fleet: docs/benchmarks/attackfleet2.md)."""
+
+    def __init__(
+        self, max_remembered: int = MAX_CALLS_REMEMBERED, max_ended: int = MAX_ENDED_REMEMBERED
+    ) -> None:
         self._max = max_remembered
+        self._max_ended = max_ended
         self._lock = threading.Lock()
-        self._undo: OrderedDict[tuple[str, str], Callable[[], None]] = OrderedDict()
+        # before the first token: (undo, finish); after it, until the end: finish
+        self._undo: OrderedDict[tuple[str, str], tuple[Callable[[], None], Callable[[], None]]]
+        self._undo = OrderedDict()
+        self._running: OrderedDict[tuple[str, str], Callable[[], None]] = OrderedDict()
+        self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()  # withdrawn, uncounted
 
-    def counted(self, tenant: str, request_id: str, undo: Callable[[], None]) -> None:
+    def counted(
+        self,
+        tenant: str,
+        request_id: str,
+        undo: Callable[[], None],
+        finish: Callable[[], None] | None = None,
+    ) -> bool:
+        """Keeps ``undo`` (and ``finish``, for the request's end) until the request's first
+        token or its end; False (nothing kept) when the request was withdrawn already: the
+        caller undoes what it counted itself."""
+        key = (tenant, request_id)
         with self._lock:
-            self._undo[(tenant, request_id)] = undo
-            self._undo.move_to_end((tenant, request_id))
-            if len(self._undo) > self._max:
-                self._undo.popitem(last=False)
+            if key in self._ended:
+                del self._ended[key]
+                return False
+            _remember(self._undo, key, (undo, finish or _nothing), self._max)
+            return True
 
     def admitted(self, tenant: str, request_id: str) -> None:
+        key = (tenant, request_id)
         with self._lock:
-            self._undo.pop((tenant, request_id), None)
+            kept = self._undo.pop(key, None)
+            if kept is not None:
+                _remember(self._running, key, kept[1], self._max)
 
     def withdraw(self, tenant: str, request_id: str) -> None:
+        key = (tenant, request_id)
         with self._lock:
-            undo = self._undo.pop((tenant, request_id), None)
-        if undo is not None:
-            undo()
+            kept = self._undo.pop(key, None)
+            if kept is None:  # not counted yet (the router has not asked) or not at all
+                _remember(self._ended, key, None, self._max_ended)
+        if kept is not None:
+            kept[0]()
+
+    def ended(self, tenant: str, request_id: str) -> None:
+        """A request ``admitted`` ended (answered, or cut after its first token)."""
+        with self._lock:
+            finish = self._running.pop((tenant, request_id), None)
+        if finish is not None:
+            finish()
+
+
+def _remember(kept: OrderedDict[Any, Any], key: Any, value: Any, most: int) -> None:
+    kept[key] = value
+    kept.move_to_end(key)
+    if len(kept) > most:
+        kept.popitem(last=False)
+
+
+def _nothing() -> None:
+    pass
 
 
 UNADMITTED = Unadmitted()

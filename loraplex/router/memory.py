@@ -10,7 +10,7 @@ newer than the decision, or ``recent_ttl_s``, says otherwise.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 class Pending:
     """What the router sent to one replica that its latest report cannot yet reflect."""
 
-    num_requests: int  # requests routed there since the report
+    num_requests: int  # requests routed there since the report, not ended yet
     num_tokens: int  # their prompt tokens
-    adapter_keys: frozenset[str]  # revisions they asked for
+    adapter_keys: frozenset[str]  # revisions they asked for (ended ones' too)
 
 
 NO_PENDING = Pending(0, 0, frozenset())  # one object, so a view built on it can be reused
@@ -35,6 +35,9 @@ class _Log:
     entries: deque[Entry] = field(default_factory=deque)
     num_tokens: int = 0
     per_key: dict[str, int] = field(default_factory=dict)
+    # entries whose request ended (``finish``): they still name their revision, as no load
+    done: Counter[Entry] = field(default_factory=Counter)
+    num_done: int = 0
     # ``pending()``'s answer while no entry came or went since (None: to be rebuilt)
     pending: Pending | None = None
 
@@ -50,9 +53,26 @@ class _Log:
             return
         self._uncount(entry)
 
+    def finish(self, entry: Entry) -> None:
+        """``entry`` (or one equal to it) stops counting as load, if it has not lapsed yet."""
+        if self.entries.count(entry) <= self.done[entry]:
+            return  # lapsed (a report newer than it came), or every equal one ended already
+        self.done[entry] += 1
+        self.num_done += 1
+        self.num_tokens -= entry[2]
+        self.pending = None
+
     def _uncount(self, entry: Entry) -> None:
         _, key, tokens = entry
-        self.num_tokens -= tokens
+        ended = self.done.get(entry, 0)
+        if ended:
+            if ended == 1:
+                del self.done[entry]
+            else:
+                self.done[entry] = ended - 1
+            self.num_done -= 1
+        else:
+            self.num_tokens -= tokens
         self.pending = None
         if key is not None:
             left = self.per_key[key] - 1
@@ -91,6 +111,18 @@ class DecisionMemory:
         if log is not None:
             log.remove(entry)
 
+    def finish(self, replica_id: str, entry: Entry) -> None:
+        """A decision ``record`` returned whose request ended (its replica answered it all):
+        it no longer adds a request or its tokens to the replica's load, but still names its
+        revision (the replica loaded it) until it lapses. A no-op once it lapsed. NOTE: a
+        request that ended before its replica's next report counted as waiting until then, so a
+        tenant sending short requests back to back (each done in milliseconds) made replicas
+        look saturated that were all but idle (docs/benchmarks/attackfleet2.md). O(decisions
+        kept for the replica), as ``withdraw``."""
+        log = self._logs.get(replica_id)
+        if log is not None:
+            log.finish(entry)
+
     def pending(self, replica_id: str, report_at_s: float | None, now_s: float) -> Pending:
         """Decisions for ``replica_id`` made at or after its report (``report_at_s``; None: no
         report) and within the TTL. A decision at the report's very instant still counts: the
@@ -104,7 +136,8 @@ class DecisionMemory:
         if log.entries and log.entries[0][0] < cutoff_s:
             log.drop_before(cutoff_s)
         if log.pending is None:
-            log.pending = Pending(len(log.entries), log.num_tokens, frozenset(log.per_key))
+            num_requests = len(log.entries) - log.num_done
+            log.pending = Pending(num_requests, log.num_tokens, frozenset(log.per_key))
         return log.pending
 
     def first_s(self, replica_id: str) -> float | None:

@@ -222,6 +222,12 @@ class Router:
         self._memory.withdraw(*mark)
         self._last = None  # that replica's view changed: every one is looked at
 
+    def finish(self, mark: tuple[str, Entry]) -> None:
+        """A decision (its ``last_mark``) whose request ended on its replica: no longer load
+        there, still its revision's (``DecisionMemory.finish``). A no-op once it lapsed."""
+        self._memory.finish(*mark)
+        self._last = None  # that replica's view changed: every one is looked at
+
 
 # Times within this of a view's change are treated as past it (``_LastView.due_s``): looking at a
 # replica early costs a little; late would read a stale view. Float rounding is far below this.

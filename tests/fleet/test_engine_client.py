@@ -247,11 +247,13 @@ def test_an_attempt_without_a_first_token_is_withdrawn_from_the_topology(
     link: FleetLink, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Only admitted work weighs toward a dedication (``routing.UNADMITTED``): a refused
-    request, and a lost attempt before its retry (counted again when routed again)."""
+    request, and a lost attempt before its retry (counted again when routed again). A request
+    that had its first token is ``ended`` when it ends: no longer its replica's load."""
     seen: list[tuple[str, str, str]] = []
     fake = SimpleNamespace(
         admitted=lambda tenant, rid: seen.append(("admitted", tenant, rid)),
         withdraw=lambda tenant, rid: seen.append(("withdraw", tenant, rid)),
+        ended=lambda tenant, rid: seen.append(("ended", tenant, rid)),
     )
     monkeypatch.setattr(routing, "UNADMITTED", fake)
     refused = FakeStream([Failed(pack_error(QueueFullError("tenant acme's queue", 8, 2.0)))])
@@ -264,4 +266,4 @@ def test_an_attempt_without_a_first_token_is_withdrawn_from_the_topology(
     good = FakeStream([Accepted("b"), delta("hi"), delta("!", 2)])
     client, _ = _client(link, [lost, good])
     assert _texts(asyncio.run(_collect(client.generate(request("r2"))))) == ["hi", "!"]
-    assert seen == [("withdraw", "acme", "r2"), ("admitted", "acme", "r2")]
+    assert seen == [("withdraw", "acme", "r2"), ("admitted", "acme", "r2"), ("ended", "acme", "r2")]

@@ -470,6 +470,17 @@ def test_unadmitted_is_bounded_and_keyed_by_tenant() -> None:
     assert undone == ["y", "z"]  # x was pushed out: counted for good
 
 
+def _b_holds_globex_and_acme() -> tuple[LoraplexRequestRouter, list[Any], Any, Any]:
+    """A router over replicas a, b, c that reported at 5.0 (the clock's now): b holds globex's
+    ``search`` and acme's ``support`` in L0, the others nothing."""
+    router = _router(seed=0, clock=ManualClock(5.0))
+    hot, own = key("search", tenant="globex"), key("support", tenant="acme")
+    b_holds = _stats(report("b", at_s=5.0, l0=[str(hot), str(own)]))
+    replicas = [_replica("a", _stats(report("a", at_s=5.0))), _replica("b", b_holds)]
+    replicas.append(_replica("c", _stats(report("c", at_s=5.0))))
+    return router, replicas, hot, own
+
+
 def test_a_request_that_ends_before_its_first_token_is_no_longer_a_replicas_pending_load(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -479,11 +490,7 @@ def test_a_request_that_ends_before_its_first_token_is_no_longer_a_replicas_pend
     went to another replica to load its revision cold (docs/benchmarks/attackfleet.md)."""
     unadmitted = Unadmitted()
     monkeypatch.setattr("loraplex.fleet.routing.UNADMITTED", unadmitted)
-    router = _router(seed=0, clock=ManualClock(5.0))
-    hot, own = key("search", tenant="globex"), key("support", tenant="acme")
-    b_holds = _stats(report("b", at_s=5.0, l0=[str(hot), str(own)]))
-    replicas = [_replica("a", _stats(report("a", at_s=5.0))), _replica("b", b_holds)]
-    replicas.append(_replica("c", _stats(report("c", at_s=5.0))))
+    router, replicas, hot, own = _b_holds_globex_and_acme()
     for i in range(8):  # the attacker's requests, each cancelled before its first token
         assert _choose(router, replicas, _pending(request(f"x{i}", adapter=own)))[0] == "b"
         unadmitted.withdraw("acme", f"x{i}")
@@ -514,3 +521,63 @@ def test_a_withdrawn_call_is_forgotten_where_its_last_backoff_ask_sent_it(
     unadmitted.withdraw("acme", "w")  # cancelled while it waited
     views = router._router.view(dict.fromkeys(("a", "b", "c")))
     assert sum(v.pending.num_requests for v in views) == 0
+
+
+def test_a_request_withdrawn_before_the_routers_ask_ran_is_not_kept_pending(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray Serve routes on its own event loop: a request whose client left within milliseconds
+    was withdrawn by the engine client before the router's ask for it ran. The ask then kept
+    its undo (the call and its prompt, until 65,536 newer ones pushed it out) and left its
+    decision pending on its replica until the next report (scripts/attacks/attackfleet2)."""
+    unadmitted = Unadmitted()
+    monkeypatch.setattr("loraplex.fleet.routing.UNADMITTED", unadmitted)
+    asked: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(TOPOLOGY_ASKS, "send", lambda rid, adapter: asked.append((rid, adapter)))
+    router = _router(seed=0, topology={"min_requests": 2}, clock=ManualClock())
+    replicas = [_replica(i) for i in ("a", "b", "c")]
+    for i in range(3):
+        unadmitted.withdraw("acme", f"gone{i}")  # the client left: the engine client's finally
+        late = _pending(request(f"gone{i}", adapter=key()))
+        late.metadata = SimpleNamespace(internal_request_id=f"call-{i}")
+        _choose(router, replicas, late)  # the router's ask, run after
+    views = router._router.view(dict.fromkeys(("a", "b", "c")))
+    assert sum(v.pending.num_requests for v in views) == 0
+    assert unadmitted._undo == {}  # nothing kept for a request that ended
+    assert asked == []  # no dedication from requests that were never served
+    _choose(router, replicas, _pending(request("gone0", adapter=key())))  # the id again: counted
+    assert list(unadmitted._undo) == [("acme", "gone0")]
+
+
+def test_unadmitted_remembers_a_bounded_number_of_ended_requests() -> None:
+    undone: list[str] = []
+    unadmitted = Unadmitted(max_ended=2)
+    for name in ("x", "y", "z"):
+        unadmitted.withdraw("acme", name)  # ended before they were counted
+    assert unadmitted.counted("acme", "x", lambda: undone.append("x"))  # pushed out: kept
+    assert not unadmitted.counted("acme", "y", lambda: undone.append("y"))
+    assert unadmitted.counted("other", "z", lambda: undone.append("z"))  # another tenant's
+    assert undone == []  # the caller undoes a request counted after its end
+
+
+def test_requests_answered_before_their_replicas_next_report_are_not_its_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request that had its first token counted as its replica's pending load until that
+    replica's next report even when it had ended by then: a tenant sending 1-token completions
+    back to back (two clients, on the demo fleet) saturated every replica in the router's eyes,
+    and another tenant's requests went to replicas without its revisions in L0
+    (docs/benchmarks/attackfleet2.md)."""
+    unadmitted = Unadmitted()
+    monkeypatch.setattr("loraplex.fleet.routing.UNADMITTED", unadmitted)
+    router, replicas, hot, own = _b_holds_globex_and_acme()
+    for i in range(16):  # answered in full, one after another, within one report period
+        assert _choose(router, replicas, _pending(request(f"x{i}", adapter=own)))[0] == "b"
+        unadmitted.admitted("acme", f"x{i}")
+        unadmitted.ended("acme", f"x{i}")
+    views = {v.replica_id: v for v in router._router.view(dict.fromkeys(("a", "b", "c")))}
+    assert views["b"].pending.num_requests == 0
+    assert str(own) in views["b"].pending.adapter_keys  # still where acme's revision went
+    victim = request("v", adapter=hot, tenant="globex")
+    assert _choose(router, replicas, _pending(victim))[0] == "b"
+    assert unadmitted._running == {}
