@@ -26,6 +26,7 @@ from loraplex.clock import ManualClock
 from loraplex.residency.cache import ResidencyChanges
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.router import ReplicaLoad, ReplicaReport, Residency, Router, RouteRequest
+from loraplex.router.memory import Entry
 from loraplex.router.topology import FleetTopology
 from loraplex.sim.config import SimConfig
 from loraplex.sim.replica import SimReplica
@@ -54,9 +55,10 @@ class SimFleetRouter:
         )
         # request id -> its ``FleetTopology.record`` entry, until it ends (``ended``)
         self._counted: dict[str, tuple[float, str | None, int]] = {}
-        if self.topology is not None:
-            for replica in replicas:
-                replica.on_end = self.ended
+        # request id -> its decision's mark in the router's memory (``Router.last_mark``)
+        self._marks: dict[str, tuple[str, Entry]] = {}
+        for replica in replicas:
+            replica.on_end = self.ended
 
     def route(self, request: RouteRequest, request_id: str) -> tuple[SimReplica, str]:
         """The replica ``request`` goes to and the router's reason (with a topology, the
@@ -66,14 +68,27 @@ class SimFleetRouter:
             self._counted[request_id] = self.topology.record(request)
             self.router.dedication = self.topology.update(self._reports)
         decision = self.router.choose(request, self._reports)
+        if self.router.last_mark is not None:
+            self._marks[request_id] = self.router.last_mark
         reason = decision.reason.value
         self.decisions[reason] += 1
         return self._replicas[decision.replica_id], reason
 
     def ended(self, request_id: str, admitted: bool) -> None:
-        """A request ended; one never admitted (refused, aborted or expired before its first
-        token) is uncounted from the topology's window at once, as the fleet's engine client
-        withdraws it (``routing.UNADMITTED``); the dedication follows at the next decision."""
+        """A request ended, as the fleet's engine client reports it (``routing.UNADMITTED``):
+        one never admitted (refused, aborted or expired before its first token) is withdrawn
+        from the router's memory (``Router.withdraw``) and uncounted from the topology's window
+        at once, the dedication following at the next decision; one admitted ends its decision
+        (``Router.finish``: no longer its replica's load, still its revision's there).
+        NOTE: neither was done before, so a replica's finished and refused requests stayed its
+        pending load here until its next report, where the fleet's router drops them at their
+        end (docs/benchmarks/attackfleet.md, attackfleet2.md)."""
+        mark = self._marks.pop(request_id, None)
+        if mark is not None:
+            if admitted:
+                self.router.finish(mark)
+            else:
+                self.router.withdraw(mark)
         entry = self._counted.pop(request_id, None)
         if entry is not None and not admitted and self.topology is not None:
             self.topology.withdraw(entry)

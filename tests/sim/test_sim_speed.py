@@ -74,7 +74,15 @@ before, byte for byte.
 
 Recorded again for every case when the result gained ``refused`` (2026-12-07, simrefuse: requests
 the server refuses at arrival, ``sim/refusal.py``; none in these traces, so ``{}``): with that key
-taken out of the JSON each case was equal to main 4eaf05f's, whose digests were the ones above."""
+taken out of the JSON each case was equal to main 4eaf05f's, whose digests were the ones above.
+
+Recorded again for ``hot-fleet`` and ``scale-8`` (the fleet cases) when the simulated fleet's
+router ended each request's decision at its end, as the fleet's engine client has it end there
+since attackfleet and attackfleet2 (``Router.finish`` after a first token, ``Router.withdraw``
+before one): before, a replica's finished requests stayed its pending load until its next report
+here. Main de3f05e8 -> this change, L0 hit ratio, TTFT P50 / P99, ``saturated`` decisions:
+hot-fleet 0.6009 -> 0.578, 12.8 / 57.0 -> 14.4 / 131.7 ms, 19 -> 0; scale-8 0.555 -> 0.62, 15.1 /
+57.9 -> 15.1 / 56.6 ms, 216 -> 1; the single-replica cases are unchanged."""
 
 from __future__ import annotations
 
@@ -92,11 +100,11 @@ from loraplex.sim.scale import synthetic_trace
 
 RECORDED = {
     "zipf-single": "6d4adc1732afdcd622fa69ca7fd9777b7a60f8195910169355b280df65c75d33",
-    "hot-fleet": "b75813a4e0b15b4b2f8b7e477ffd7dc5fb33c7aa693497f664ecc97c16eec7c6",
+    "hot-fleet": "b5aad993653e959bc38b0b72949bf7ae67b035b9455fe32bd5c7baa8cd3bacea",
     "cold-scarce": "0a66663bc0aa9ff877afc26e87c7129048464f98bd1dc72c805319ff73613277",
     "hot-classes-shared-cpu": "2933330e9b8d743b218bc1a6267f4e89587eb99592b5d75fe1945450457afe87",
     "zipf-tight-kv": "6f92670f51db9400de28def0889820efcd7bcdc2158c0d64a87bda9391fffbb2",
-    "scale-8": "0956508aee982f73073c726213c82b05bab5ceb80598bcd65e42c56922cd9c98",
+    "scale-8": "949a517bdf44e700fac5723b9b6fa806a36d3184cc3c355ef1eee6c6def49a1e",
 }
 
 
