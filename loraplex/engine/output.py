@@ -17,7 +17,7 @@ off unless ``include_stop_str_in_output``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loraplex.engine.protocol import FINISH_LENGTH, FINISH_STOP, TokenDelta
 
@@ -127,6 +127,54 @@ class IncrementalText:
         self._prefix_text = ""
 
 
+class CleanedText:
+    """``decode(token_ids)`` of a tokenizer whose decode cleans up the text (transformers'
+    ``clean_up_tokenization_spaces``: a space before punctuation or a contraction removed),
+    kept incrementally, with ``final_chars`` the characters no later token changes.
+
+    The clean-up rewrites text already decoded (``a `` then ``,`` reads ``a,``), so the
+    decoded text is no prefix of the next token's. The detokenizer's raw decode (``raw``: no
+    clean-up) is kept by an ``IncrementalText``; the clean-up (``clean_up``) is applied in
+    pieces, cut where ``clean_up_cut`` allows (between two characters no clean-up rewrite can
+    span, whatever comes later: ``model/tokenizer.py``), so the text before the last cut is
+    final and each token cleans only what follows it.
+
+    NOTE: ``OutputTracker`` decoded such a tokenizer's whole output on every token and
+    streamed the text as if it only grew: after a rewrite of text already sent, the rest of
+    the answer (and of its non-streamed text, made of the same deltas) was lost in silence
+    (docs/benchmarks/attack28.md). A run without a cut (``" , , , ,"``) is cleaned whole each
+    token and held back until a cut or the end."""
+
+    def __init__(self, detokenizer: Any) -> None:
+        self._raw = IncrementalText(detokenizer.raw)
+        self._clean_up = detokenizer.clean_up
+        self._may_cut = detokenizer.clean_up_cut
+        self.token_ids = self._raw.token_ids
+        self.text = ""  # clean_up(decode(token_ids))
+        self._cut = 0  # raw characters before the last cut
+        self._scanned = 1  # the next raw position to test as a cut
+        self._done = ""  # clean_up of the raw text before the last cut: final
+
+    @property
+    def final_chars(self) -> int:
+        """Characters at the start of ``text`` that no later token changes."""
+        return len(self._done)
+
+    def append(self, token: int) -> str:
+        raw = self._raw.append(token)
+        final = self._raw.final_chars  # raw characters no later token changes
+        cut = self._cut
+        for i in range(self._scanned, final):  # a cut before raw[i]: both sides final
+            if self._may_cut(raw[i - 1], raw[i]):
+                cut = i
+        self._scanned = max(self._scanned, final)
+        if cut > self._cut:
+            self._done += self._clean_up(raw[self._cut : cut])
+            self._cut = cut
+        self.text = self._done + self._clean_up(raw[self._cut :])
+        return self.text
+
+
 class OutputTracker:
     """Turns one request's sampled tokens into TokenDeltas."""
 
@@ -140,7 +188,13 @@ class OutputTracker:
         self.params = params
         self.prompt_tokens = prompt_tokens
         self._eos = eos_token_ids
-        self._text = IncrementalText(detokenizer)
+        # A tokenizer whose decode cleans up (``CleanedText``) streams only its final text.
+        self._cleaned = bool(getattr(detokenizer, "rewrites_text", False)) and hasattr(
+            detokenizer, "raw"
+        )
+        self._text: IncrementalText | CleanedText = (
+            CleanedText(detokenizer) if self._cleaned else IncrementalText(detokenizer)
+        )
         self.token_ids = self._text.token_ids  # every sampled token
         self.emitted = ""  # text streamed so far
         # Length of the text before the ``min_tokens``-th token: a stop string must end past it.
@@ -155,7 +209,8 @@ class OutputTracker:
             self._stop_floor = len(before)
         finish, visible, reason = self._finish(text, before, token, at_max_model_len)
         if finish is None:
-            visible = self._hold.settled(text, self._text.final_chars)
+            final = self._text.final_chars
+            visible = self._hold.settled(text[:final] if self._cleaned else text, final)
         delta = visible[len(self.emitted) :] if visible.startswith(self.emitted) else ""
         self.emitted += delta
         return TokenDelta(

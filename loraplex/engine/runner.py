@@ -19,13 +19,23 @@ from loraplex.engine.step import PromptLogprobs, StepPlan, StepResult
 from loraplex.model.kv_cache import SequenceChunk
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
 from loraplex.model.merge import MergedLoraApplier
-from loraplex.model.sampler import RowHistory, make_generator, sample_rows, token_logprobs
+from loraplex.model.sampler import (
+    PenaltyCounts,
+    RowHistory,
+    make_generator,
+    sample_rows,
+    token_logprobs,
+)
 from loraplex.sampling import SamplingParams
 
 _log = logging.getLogger(__name__)
 
 # The op's tensor convention for "base model only" in token_slots.
 _NO_SLOT = -1
+# Steps a request's penalty counts are kept without being read (``Runner._penalty_counts``): a
+# request the step work share holds back for a step or two keeps them; one preempted or paused
+# longer counts afresh (its prompt and output once) when it samples again.
+PENALTY_COUNTS_IDLE_STEPS = 8
 
 
 class ModelRunner:
@@ -45,6 +55,10 @@ class ModelRunner:
         # forward must not overlap that, so it holds the same lock.
         self.slot_lock = slot_lock
         self._generators: dict[str, torch.Generator | None] = {}
+        # Each penalized request's counts (``PenaltyCounts``), with the step that last read
+        # them: kept while it samples, so a step counts only its new tokens.
+        self._penalties: dict[str, tuple[PenaltyCounts, int]] = {}
+        self._steps = 0  # steps that sampled (the age of ``_penalties``' entries)
         self.last_strategy = "none"  # the LoRA kernel strategy of the last forward (traces)
 
     def run(
@@ -100,7 +114,7 @@ class ModelRunner:
             [params[r] for r in ids],
             generators,
             [(banned or {}).get(r, frozenset()) for r in ids],
-            [(histories or {}).get(r) for r in ids],
+            self._penalty_counts(ids, histories or {}),
         )
         picked_failed = {ids[row] for row in picked.failures}  # the rest: a bad seed
         failed.update({ids[row]: reason for row, reason in picked.failures.items()})
@@ -154,8 +168,36 @@ class ModelRunner:
         return self.model.config.vocab_size
 
     def drop(self, request_id: str) -> None:
-        """Forget a finished request's random stream."""
+        """Forget a finished request's random stream and penalty counts."""
         self._generators.pop(request_id, None)
+        self._penalties.pop(request_id, None)
+
+    def _penalty_counts(
+        self, ids: list[str], histories: Mapping[str, RowHistory]
+    ) -> list[PenaltyCounts | None]:
+        """The penalty counts of each sampling request with a history (None: no penalty),
+        brought up to it from the counts its earlier steps left. Counts not read for
+        ``PENALTY_COUNTS_IDLE_STEPS`` steps go (a preempted or paused request counts afresh
+        when it samples again), so they are bounded by the requests that sample."""
+        self._steps += 1
+        vocab, device = self.vocab_size, self.model.device
+        out: list[PenaltyCounts | None] = []
+        for request_id in ids:
+            history = histories.get(request_id)
+            if history is None:
+                out.append(None)
+                continue
+            kept = self._penalties.get(request_id)
+            if kept is None:
+                counts = PenaltyCounts.of(history, vocab, device)
+            else:
+                counts = kept[0].advance(history)
+            self._penalties[request_id] = (counts, self._steps)
+            out.append(counts)
+        oldest = self._steps - PENALTY_COUNTS_IDLE_STEPS
+        if any(step <= oldest for _, step in self._penalties.values()):
+            self._penalties = {r: e for r, e in self._penalties.items() if e[1] > oldest}
+        return out
 
     def stream_ids(self) -> frozenset[str]:
         """Requests whose random stream is kept (``EngineCore.check_integrity``: live ones)."""

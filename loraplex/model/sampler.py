@@ -40,11 +40,52 @@ class RowHistory:
     output: Sequence[int]  # generated token ids (every penalty reads them)
 
 
+class PenaltyCounts:
+    """What a request's penalties read, kept across its steps: how often each token occurs in
+    its output, and which tokens its prompt holds. ``advance`` counts only the output tokens
+    added since the last call, so a step costs work per new token, not per token of the
+    context.
+
+    NOTE: the penalties read the whole history as Python ints on every step (a tensor of the
+    output, and of the prompt for ``repetition_penalty``), on the engine thread that steps every
+    tenant: a request's cost per token grew with its context, any tenant could ask for it on
+    every seat it holds, and the step work share counts tokens, not this CPU
+    (docs/benchmarks/attack28.md)."""
+
+    def __init__(self, prompt: Sequence[int], vocab: int, device: torch.device) -> None:
+        self.prompt = prompt  # the request's prompt, as given (``advance`` checks it is the same)
+        ids = torch.as_tensor(list(prompt), dtype=torch.int64, device=device)
+        self.in_prompt = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.in_prompt[ids[(ids >= 0) & (ids < vocab)]] = True
+        self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)  # output counts
+        self.num_output = 0  # output tokens counted so far
+
+    @classmethod
+    def of(cls, history: RowHistory, vocab: int, device: torch.device) -> PenaltyCounts:
+        """The counts of ``history`` from nothing (what a request's first step builds)."""
+        return cls(history.prompt, vocab, device).advance(history)
+
+    def advance(self, history: RowHistory) -> PenaltyCounts:
+        """These counts brought up to ``history`` (the same request, its output grown); a
+        history they cannot follow (another prompt, a shorter output) is counted afresh."""
+        output = history.output
+        vocab, device = self.counts.numel(), self.counts.device
+        if history.prompt is not self.prompt or len(output) < self.num_output:
+            return PenaltyCounts.of(history, vocab, device)
+        if len(output) > self.num_output:
+            new = torch.as_tensor(list(output[self.num_output :]), dtype=torch.int64, device=device)
+            new = new[(new >= 0) & (new < vocab)]
+            self.counts.index_add_(0, new, torch.ones(new.numel(), device=device))
+            self.num_output = len(output)
+        return self
+
+
 def process_logits(
-    logits: torch.Tensor, params: SamplingParams, history: RowHistory | None
+    logits: torch.Tensor, params: SamplingParams, history: RowHistory | PenaltyCounts | None
 ) -> torch.Tensor:
     """Logit bias, then the penalties, on one row of raw float32 logits [vocab]. ValueError
-    names the field when a bias token is outside the vocabulary or a penalty has no history."""
+    names the field when a bias token is outside the vocabulary or a penalty has no history.
+    ``history``: the row's tokens, or its counts kept across steps (``PenaltyCounts``)."""
     vocab = logits.numel()
     if params.logit_bias:
         ids = [token for token, _ in params.logit_bias]
@@ -56,12 +97,15 @@ def process_logits(
         return logits
     if history is None:
         raise ValueError("presence/frequency/repetition_penalty need the row's token history")
-    output = torch.as_tensor(list(history.output), dtype=torch.int64, device=logits.device)
-    counts = torch.bincount(output, minlength=vocab)[:vocab].to(logits.dtype)
+    if isinstance(history, RowHistory):
+        history = PenaltyCounts.of(history, vocab, logits.device)
+    if history.counts.numel() != vocab:
+        raise ValueError(
+            f"penalty counts cover {history.counts.numel()} tokens; expected {vocab} (the logits)"
+        )
+    counts = history.counts.to(logits.dtype)
     if params.repetition_penalty != 1.0:
-        seen = counts > 0
-        prompt = torch.as_tensor(list(history.prompt), dtype=torch.int64, device=logits.device)
-        seen[prompt[prompt < vocab]] = True
+        seen = history.in_prompt | (counts > 0)
         penalty = params.repetition_penalty
         scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
         logits = torch.where(seen, scaled, logits)
@@ -131,7 +175,7 @@ def sample_rows(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
     banned: Sequence[frozenset[int]] | None = None,
-    histories: Sequence[RowHistory | None] | None = None,
+    histories: Sequence[RowHistory | PenaltyCounts | None] | None = None,
 ) -> Sampled:
     """One token per row of ``logits`` [num_rows, vocab], or that row's failure. ``banned``
     token ids cannot be picked for that row (EOS before ``min_tokens``); ``histories`` feed the
@@ -168,7 +212,7 @@ def _processed(
     raw: torch.Tensor,
     params: Sequence[SamplingParams],
     banned: Sequence[frozenset[int]] | None,
-    histories: Sequence[RowHistory | None] | None,
+    histories: Sequence[RowHistory | PenaltyCounts | None] | None,
     failures: dict[int, str],
 ) -> torch.Tensor:
     """``raw`` with banned tokens at -inf and each row's bias and penalties applied; ``raw``

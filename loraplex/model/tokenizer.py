@@ -106,13 +106,65 @@ class TextTokenizer:
         so two special tokens never share the empty string as vLLM's token strings do not."""
         return self._decode([token_id], skip_special=False)
 
-    def _decode(self, token_ids: Sequence[int], *, skip_special: bool) -> str:
+    @property
+    def raw(self) -> RawDecoder:
+        """This tokenizer's decode without the clean-up (``OutputTracker`` decodes through it
+        incrementally and cleans up with ``clean_up``: ``output.CleanedText``)."""
+        return RawDecoder(self)
+
+    @staticmethod
+    def clean_up_cut(left: str, right: str) -> bool:
+        """Where ``clean_up`` may be applied in pieces (``clean_up_cut``)."""
+        return clean_up_cut(left, right)
+
+    def clean_up(self, text: str) -> str:
+        """What ``decode`` does to the decoded text (nothing unless the tokenizer's config sets
+        ``clean_up_tokenization_spaces``)."""
+        return clean_up_tokenization(text) if self._clean_up else text
+
+    def _decode(
+        self, token_ids: Sequence[int], *, skip_special: bool, clean_up: bool = True
+    ) -> str:
         ids = list(token_ids)
         if len(ids) > GIL_HELD_DECODE_IDS:  # the module docstring (GIL)
             text: str = self._tokenizer.decode_batch([ids], skip_special_tokens=skip_special)[0]
         else:
             text = self._tokenizer.decode(ids, skip_special_tokens=skip_special)
-        if self._clean_up:
-            for before, after in _CLEANUPS:
-                text = text.replace(before, after)
-        return text
+        return self.clean_up(text) if clean_up else text
+
+
+# Adjacent characters, neither a space, inside a ``_CLEANUPS`` pattern ("n'" of " n't"). Every
+# pattern starts with a space and its replacement drops only spaces, keeping its last
+# character unless that is a space; so between two non-space characters not in this set no
+# match of any pass can ever start or end, nor can one that earlier passes bring about.
+_JOINED_PAIRS = frozenset(
+    before[i : i + 2]
+    for before, _ in _CLEANUPS
+    for i in range(len(before) - 1)
+    if " " not in before[i : i + 2]
+)
+
+
+def clean_up_cut(left: str, right: str) -> bool:
+    """Whether ``clean_up_tokenization(a + b) == clean_up_tokenization(a) + ...(b)`` for every
+    ``a`` ending with the character ``left`` and ``b`` starting with ``right``."""
+    return left != " " and right != " " and left + right not in _JOINED_PAIRS
+
+
+def clean_up_tokenization(text: str) -> str:
+    """transformers' ``clean_up_tokenization``: each of ``_CLEANUPS`` replaced in turn."""
+    for before, after in _CLEANUPS:
+        text = text.replace(before, after)
+    return text
+
+
+class RawDecoder:
+    """A ``TextTokenizer``'s decode (special tokens skipped) without the clean-up."""
+
+    rewrites_text = False
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tokenizer._decode(token_ids, skip_special=True, clean_up=False)
