@@ -362,17 +362,14 @@ def test_an_idle_gap_keeps_the_merge_for_the_traffic_that_returns(
 ) -> None:
     """After an idle gap longer than ``window_s``, the merged revision's own traffic comes back.
     On main the first step after the gap read an empty window, the merged share as 0, and
-    unmerged before that traffic ran (``min_dwell_s`` then kept it unmerged)."""
+    unmerged before that traffic ran (``min_dwell_s`` then kept it unmerged). One revision's
+    traffic only: which revision ``auto`` merges does not hang on when another's load lands."""
     hot = demo_assets.adapter("acme", "billing", "r1")
-    cold = demo_assets.adapter("globex", "codegen", "r1")
-    skewed = [OfflineRequest(hot.probe_prompt, hot.path, GREEDY)] * 4 + [
-        OfflineRequest(cold.probe_prompt, cold.path, GREEDY)
-    ]
-    alone = [OfflineRequest(hot.probe_prompt, hot.path, GREEDY)] * 2
+    alone = [OfflineRequest(hot.probe_prompt, hot.path, GREEDY)] * 4
     want = [r.token_ids for r in engine.generate(alone)]  # unmerged
     clock = ManualClock()
     control = controller(engine, "auto", clock, policy=replace(POLICY, payback_s=1e9))
-    engine.generate(skewed, ticking(clock))  # type: ignore[arg-type]
+    assert [r.token_ids for r in engine.generate(alone, ticking(clock))] == want  # type: ignore[arg-type]
     ref = ref_of(engine.adapter_key(hot.path))
     assert control.switcher.merged_revision == ref
     clock.advance(POLICY.window_s + POLICY.min_dwell_s + 30.0)  # idle
