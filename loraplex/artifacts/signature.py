@@ -21,7 +21,7 @@ import hashlib
 import json
 import re
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -168,11 +168,17 @@ def bundle_digest(bundle: bytes) -> str:
 
 
 def verify_dir(
-    adapter_dir: Path, bundle: bytes, anchors: Sequence[Anchor], num_trusted: int | None = None
+    adapter_dir: Path,
+    bundle: bytes,
+    anchors: Sequence[Anchor],
+    num_trusted: int | None = None,
+    stored: Collection[str] | None = None,
 ) -> VerifiedSignature:
     """Check ``bundle`` against ``anchors`` and ``adapter_dir``'s files (bundle file excluded).
     ``anchors`` may be only those ``anchor_lookup`` names of the ``num_trusted`` the tenant has
-    (None: ``anchors`` are all of them)."""
+    (None: ``anchors`` are all of them). ``stored``: the only files kept of a registered folder
+    (``adapters verify``); a signed file outside them (a model card) was checked at registration
+    and is not compared, nor reported missing."""
     signature = _read(bundle)
     kind = _kind_of(signature)
     candidates = [anchor for anchor in anchors if anchor.kind is kind]
@@ -182,7 +188,7 @@ def verify_dir(
     signed, anchor = _verified_manifest(signature, candidates, kind, num_trusted)
     files = _signed_files(signed)
     actual = _hash_dir(adapter_dir)
-    _compare(actual, files)
+    _compare(actual, files if stored is None else {p: d for p, d in files.items() if p in stored})
     signer = f"key:{anchor.name}" if kind is AnchorKind.KEY else _certificate_subject(signature)
     digest = bundle_digest(bundle)
     return VerifiedSignature(anchor.name, signer, _subject_digest(signature), files, digest)

@@ -91,6 +91,9 @@ def plan_command(
     bytes_per_rank: Annotated[
         int | None, typer.Option(help="Adapter bytes per unit of rank (default: the simulator's).")
     ] = None,
+    max_lora_rank: Annotated[
+        int, typer.Option(help="Largest adapter rank, a slot's rank (serve's max_lora_rank).")
+    ] = 64,
     usd_per_hour: Annotated[
         float | None, typer.Option(help="Price of one machine-hour (default: the profile's).")
     ] = None,
@@ -111,6 +114,7 @@ def plan_command(
     from loraplex.plan.plots import write_plots
     from loraplex.plan.select import plan, plan_record
     from loraplex.sim.call import read_trace
+    from loraplex.sim.config import SimConfig, rank_defaults
     from loraplex.sim.profiles import load_profile
     from loraplex.sim.trace import nonempty
 
@@ -139,6 +143,16 @@ def plan_command(
             param_hint="--cost-tolerance",
         )
     base: dict[str, Any] = {} if bytes_per_rank is None else {"bytes_per_rank": bytes_per_rank}
+    with _refused("--max-lora-rank"):
+        ranks = {"max_lora_rank": max_lora_rank, **rank_defaults(max_lora_rank)}
+        base.update(ranks, max_lora_rank=SimConfig(**ranks).max_lora_rank)  # checked here
+    over = [r for r in records if r.rank is not None and r.rank > max_lora_rank]
+    if over:  # NOTE: each candidate's simulation raised it, a traceback (newop4)
+        raise typer.BadParameter(
+            f"{trace}: rank {over[0].rank} of adapter {over[0].tenant}/{over[0].adapter} is "
+            f"above --max-lora-rank {max_lora_rank}; give the served max_lora_rank",
+            param_hint="--trace",
+        )
     simulate = simulator(records, cost_model, base)
     result = plan(candidates, simulate, objectives, price, cost_tolerance)
     record = {

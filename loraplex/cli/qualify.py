@@ -6,6 +6,7 @@ plan, an unreachable deployment, a refused setup)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from contextlib import ExitStack
@@ -176,8 +177,25 @@ def _summary(payload: dict[str, Any], run_dir: Path) -> str:
         if not c["passed"]
     ]
     lines += _comparator_failures(payload["cells"])
-    lines.append(f"headline: {payload['headline']}")
+    lines += [_cell_cost(cell) for cell in payload["cells"]]
+    lines.append(f"headline: {json.dumps(payload['headline'], sort_keys=True)}")
     return os.linesep.join(lines)
+
+
+def _cell_cost(cell: dict[str, Any]) -> str:
+    """One cell's correct requests and each method's cost per correct request, the figure the run
+    is for. NOTE: the summary printed only the headline's ratios (as a Python dict: None for
+    null), all three null in a ``--quick`` run, so it never said what a correct answer cost;
+    the costs were only in report.json (newop4)."""
+    costs = []
+    for method, result in cell.get("methods", {}).items():
+        cost = result.get("cost_per_correct_request") if isinstance(result, dict) else None
+        costs.append(f"{method} {'null' if cost is None else f'{cost:.3g}'}")
+    correct, sent = cell.get("correct_requests"), cell.get("requests")
+    return (
+        f"  cell {cell['cell_id']}: {correct} of {sent} requests correct; USD per correct "
+        f"request: {', '.join(costs) or 'none'}"
+    )
 
 
 def _comparator_failures(cells: list[dict[str, Any]]) -> list[str]:

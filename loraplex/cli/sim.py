@@ -120,6 +120,9 @@ def run_command(
     cpu_adapter_bytes: Annotated[int, Opt(help="L1 budget per replica, bytes.")] = 1 << 30,
     disk_cache_bytes: Annotated[int, Opt(help="L2 budget per replica, bytes.")] = 8 << 30,
     bytes_per_rank: Annotated[int, Opt(help="An adapter's bytes per unit of rank.")] = 65536,
+    max_lora_rank: Annotated[
+        int, Opt(help="Largest adapter rank, a slot's rank (serve's max_lora_rank).")
+    ] = 64,
     max_num_seqs: Annotated[int, Opt(help="Sequences decoding at once.")] = 32,
     max_model_len: Annotated[int, Opt(help="Prompt + output tokens of one sequence.")] = 512,
     num_kv_blocks: Annotated[int, Opt(help="KV blocks per replica (16 tokens each).")] = 1024,
@@ -149,7 +152,7 @@ def run_command(
     as_json: Annotated[bool, Opt("--json", help="One JSON line.")] = False,
 ) -> None:
     """Simulate a trace or a scenario on a deployment; print its figures."""
-    from loraplex.sim.config import SimConfig
+    from loraplex.sim.config import SimConfig, rank_defaults
     from loraplex.sim.run import simulate
 
     model = _cost_model(cost_model)
@@ -172,6 +175,8 @@ def run_command(
         "cpu_adapter_bytes": cpu_adapter_bytes,
         "disk_cache_bytes": disk_cache_bytes,
         "bytes_per_rank": bytes_per_rank,
+        "max_lora_rank": max_lora_rank,
+        **rank_defaults(max_lora_rank),
         "max_num_seqs": max_num_seqs,
         "max_model_len": max_model_len,
         "num_kv_blocks": num_kv_blocks,

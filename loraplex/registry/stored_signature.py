@@ -30,6 +30,9 @@ class VerifyReport:
     message: str  # what was found, in words
 
 
+STORED_FILES = frozenset((CONFIG_FILE, WEIGHTS_FILE))  # all a registration keeps of a folder
+
+
 def check(store: ArtifactStore, revision: Revision) -> None:
     """Refuse a signed revision whose stored bundle does not sign exactly its two objects."""
     if revision.provenance is None:
@@ -58,7 +61,7 @@ def reverify(
             lookup = None if bundle is None else anchor_lookup(bundle)
             with db.transaction(write=False) as tx:  # the anchors the bundle names
                 trusted = trust.find_trusted(tx, revision.tenant, lookup)
-            verified = trust.check_offered(policy, trusted, folder, bundle)
+            verified = trust.check_offered(policy, trusted, folder, bundle, STORED_FILES)
         except SignatureError as exc:
             report = VerifyReport(
                 revision.ref, policy.kind.value, False, None, exc.reason, str(exc)
@@ -66,6 +69,12 @@ def reverify(
         else:
             signer = None if verified is None else verified.signer
             message = "unsigned; allowed by policy none" if signer is None else "signature valid"
+            unstored = [] if verified is None else sorted(set(verified.files) - STORED_FILES)
+            if unstored:  # a model card signed with the PEFT files: checked at registration
+                message += (
+                    f"; signed file(s) {', '.join(unstored)} were checked at registration and "
+                    "are not stored, so not re-checked"
+                )
             report = VerifyReport(revision.ref, policy.kind.value, True, signer, None, message)
     with db.transaction() as tx:
         details: dict[str, object] = {"policy": report.policy, "passed": report.passed}

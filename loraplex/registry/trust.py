@@ -15,7 +15,7 @@ reads only those its bundle names by key id (``find_trusted``), never every anch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,9 +146,14 @@ def fill_key_ids(db: Database) -> int:
 
 
 def check_offered(
-    policy: TrustPolicy, trusted: Trusted, adapter_dir: Path, bundle: bytes | None
+    policy: TrustPolicy,
+    trusted: Trusted,
+    adapter_dir: Path,
+    bundle: bytes | None,
+    stored: Collection[str] | None = None,
 ) -> VerifiedSignature | None:
     """The verified signature of ``adapter_dir`` under ``policy``; None when unsigned and allowed.
+    ``stored``: the files kept of a registered revision (``verify_dir``).
 
     NOTE: under policy ``none`` an offered bundle is still verified (and refused when it fails):
     a signature is never silently ignored.
@@ -162,7 +167,7 @@ def check_offered(
             f"{policy.kind.value}); no signature (model.sig) was offered",
         )
     anchors = [_plain(a) for a in trusted.anchors]
-    verified = verify_dir(adapter_dir, bundle, anchors, trusted.num_trusted)
+    verified = verify_dir(adapter_dir, bundle, anchors, trusted.num_trusted, stored)
     if policy.kind is PolicyKind.IDENTITIES and verified.signer not in policy.identities:
         raise SignatureError(
             SignatureProblem.IDENTITY,

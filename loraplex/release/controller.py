@@ -93,7 +93,7 @@ class ReleaseController:
         *,
         actor: str = "release-controller",
         observe_every_s: float = 1.0,
-        on_move: Callable[[ReleaseState], None] | None = None,
+        on_move: Callable[[ReleaseState, str], None] | None = None,
     ) -> None:
         self._registry = registry
         self._store = ReleaseStore(registry)
@@ -101,7 +101,12 @@ class ReleaseController:
         self._clock = clock
         self._actor = actor  # written to the audit rows of the controller's transitions
         self._observe_every_s = observe_every_s  # comparison writes per release, at most
-        self._on_move = on_move  # told each state a release moved into (metrics)
+        self._on_move = on_move  # told each state a release moved into, and its id (metrics)
+        # the state each release needing work was last seen in (by this controller's reads or
+        # moves): a different state read later was an operator's move (CLI, admin API, another
+        # process), reported to ``on_move`` too. NOTE: only the controller's own moves were, so
+        # `loraplex release rollback` raised no LoraplexReleaseRolledBack (newop4).
+        self._seen: dict[str, ReleaseState] = {}
         self._jobs: dict[str, _Job] = {}
         self._pins = _Pins(env)
         self._settled: set[str] = set()  # finished releases whose candidate pin was dropped
@@ -121,6 +126,10 @@ class ReleaseController:
             log.exception("release controller: cannot read releases")
             return
         now = self._clock.now()
+        try:
+            self._report_moves_of_others(work)
+        except Exception:
+            log.exception("release controller: cannot report the moves of others")
         for release in work:
             try:
                 if release.terminal:
@@ -135,6 +144,24 @@ class ReleaseController:
         active = {r.release_id for r in work if not r.terminal}
         for gone in set(self._jobs) - active:
             del self._jobs[gone]
+
+    def _report_moves_of_others(self, work: list[Release]) -> None:
+        """Reports to ``on_move`` each release seen in one state before and in another now, a
+        move this controller did not make; one that left the work list (a terminal release with
+        no hold) is read once to see where it went."""
+        now_in = {release.release_id: release.state for release in work}
+        for gone in set(self._seen) - set(now_in):
+            try:
+                release = self._store.get_release(gone)
+            except Exception:  # deleted or unreadable: nothing to report
+                log.debug("release controller: release %s not read", gone, exc_info=True)
+                continue
+            now_in[gone] = release.state
+        for release_id, state in now_in.items():
+            before = self._seen.get(release_id)
+            if before is not None and before is not state and self._on_move is not None:
+                self._on_move(state, release_id)
+        self._seen = {r.release_id: r.state for r in work}
 
     # --- releases in flight --------------------------------------------------------------------
 
@@ -229,8 +256,9 @@ class ReleaseController:
     def _move(self, release: Release, to: ReleaseState, now: float, **changes: object) -> Release:
         moved = self._store.transition(release, to, actor=self._actor, now=now, **changes)
         log.info("release %s: %s -> %s", release.release_id, release.state.value, to.value)
+        self._seen[release.release_id] = to
         if self._on_move is not None:
-            self._on_move(to)
+            self._on_move(to, release.release_id)
         if moved.terminal:
             self._jobs.pop(release.release_id, None)
         return moved

@@ -52,6 +52,8 @@ from loraplex.release.callers import extremes, p99_without_extremes
 from loraplex.release.model import Release, RevisionWindow
 from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 
+COUNTED_MOVES = 1024  # the latest (release, state) moves remembered so none is counted twice
+
 _log = logging.getLogger(__name__)
 CANDIDATE = "candidate"  # the revision being released
 BASELINE = "baseline"  # the stable revision it is compared with
@@ -214,11 +216,18 @@ class ReleaseTraffic:
         self._tracked: dict[str, TrackedRevision] = {}
         self._rings: dict[str, _Ring] = {}
         self._transitions: Counter[str] = Counter()  # release state -> moves into it
+        self._counted: deque[tuple[str, str]] = deque(maxlen=COUNTED_MOVES)  # (release, state)
 
-    def count_transition(self, state: str) -> None:
+    def count_transition(self, state: str, release_id: str | None = None) -> None:
         """One release moved into ``state`` (a ``ReleaseState`` value), by the controller or an
-        operator: ``loraplex_release_transitions_total`` (rollbacks are alerted on)."""
+        operator: ``loraplex_release_transitions_total`` (rollbacks are alerted on). A move of
+        ``release_id`` already counted is not counted again: an operator's move through this
+        server's admin API is counted by the route and then seen by the controller."""
         with self._lock:
+            if release_id is not None:
+                if (release_id, state) in self._counted:
+                    return
+                self._counted.append((release_id, state))
             self._transitions[state] += 1
 
     def transitions(self) -> dict[str, int]:

@@ -205,8 +205,8 @@ def start_releases(
     ``ServeReleaseEnv`` over ``engine``."""
     release_env = ServeReleaseEnv(cache, engine, traffic) if env is None else env(cache, traffic)
 
-    def on_move(to: ReleaseState) -> None:
-        traffic.count_transition(to.value)  # loraplex_release_transitions_total
+    def on_move(to: ReleaseState, release_id: str) -> None:
+        traffic.count_transition(to.value, release_id)  # loraplex_release_transitions_total
 
     controller = ReleaseController(registry, release_env, traffic.clock, on_move=on_move)
     loop = ReleaseLoop(controller.tick, traffic, engine_up=lambda: engine.health().up)

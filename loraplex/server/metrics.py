@@ -80,6 +80,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
+# the request log, tenant, prompt tokens, max_tokens, the revision's rank and bytes once loaded
+Logged = tuple[RequestLog, str, int, int, int | None, int | None]
+
+
 class ServerMetrics:
     """The server's registry plus the per-request instruments it observes into."""
 
@@ -162,11 +166,13 @@ class ServerMetrics:
         sticky_key: str | None = None,
         prompt_tokens: int = 0,
         max_tokens: int = 0,
+        shape: tuple[int | None, int | None] = (None, None),
     ) -> RequestObservation:
         """Starts timing one request. ``revision`` (``tenant/name@revision``; None: the base
         model), ``tenant``, ``response_id`` (the ``id`` the client sees) and ``sticky_key``
         (the caller's ``user`` / ``X-Session-Id``) feed the release traffic windows and client
-        feedback (issue 13); ``prompt_tokens`` and ``max_tokens`` the request log."""
+        feedback (issue 13); ``prompt_tokens``, ``max_tokens`` and ``shape`` (the revision's
+        rank and bytes once loaded) the request log."""
         with self._lock:
             self._arrivals[cold] += 1
             self._started += 1
@@ -182,7 +188,7 @@ class ServerMetrics:
         observation.revision = revision
         observation.caller = caller
         if self.request_log is not None and tenant is not None:
-            observation.logged = (self.request_log, tenant, prompt_tokens, max_tokens)
+            observation.logged = (self.request_log, tenant, prompt_tokens, max_tokens, *shape)
         return observation
 
     def cold_start_rate(self) -> float:
@@ -227,8 +233,8 @@ class RequestObservation:
         self.caller = ""  # ``release.traffic.caller_key`` of who asked
         self._error: BaseException | None = None  # what the stream raised, if it did
         # The request log and what it records beside the timings (tenant, prompt tokens,
-        # max_tokens); None: not logged.
-        self.logged: tuple[RequestLog, str, int, int] | None = None
+        # max_tokens, the revision's rank and bytes); None: not logged.
+        self.logged: Logged | None = None
         self.engine_trace: EngineTrace | None = None  # the engine's stages, on its last delta
 
     def on_delta(self, delta: TokenDelta, now_s: float) -> None:
@@ -271,16 +277,15 @@ class RequestObservation:
         self._metrics.tokens.labels(self._priority_class).inc(self._tokens)
         self._metrics.traffic.record(self._priority_class, self.revision, self._tokens, outcome)
         if self.logged is not None:
-            self._log(outcome, *self.logged)
+            self._log(outcome, self.logged)
         if self.revision is not None:
             ttft = None if self._first_s is None else self._first_s - self._arrived_s
             verdict = classify(outcome, self._error)
             self._metrics.releases.record(self.revision, verdict, ttft, per_token, self.caller)
 
-    def _log(
-        self, outcome: str, log: RequestLog, tenant: str, prompt_tokens: int, max_tokens: int
-    ) -> None:
+    def _log(self, outcome: str, logged: Logged) -> None:
         """The request log's line for this request (``server/request_log.py``)."""
+        log, tenant, prompt_tokens, max_tokens, rank, size_bytes = logged
         now_s = time.monotonic()
         log.write(
             LoggedRequest(
@@ -295,5 +300,7 @@ class RequestObservation:
                 tier=self.engine_tier,
                 latency_s=max(0.0, now_s - self._arrived_s),
                 engine=self.engine_trace,
+                rank=rank,
+                size_bytes=size_bytes,
             )
         )

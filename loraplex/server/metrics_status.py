@@ -23,6 +23,8 @@ from loraplex.registry.models import PriorityClass
 
 PRIORITY_CLASS_STATE = "loraplex_priority_class"  # request state: the caller's class (str)
 _OWN_CODES = frozenset({429, 503})  # statuses alerted on by name
+# every label alerted on (LoraplexServerErrors reads 5xx: 503 aside, a failure an operator fixes)
+_ALERTED = (*(str(code) for code in sorted(_OWN_CODES)), "5xx")
 
 
 def code_label(status: int) -> str:
@@ -35,9 +37,11 @@ class StatusCounts(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # 429 and 503 of every class from 0: a series born at 1 hides its first increase
+        # 429, 503 and 5xx of every class from 0: a series born at 1 hides its first increase
+        # (NOTE: 5xx was born at its first count, so the first adapter that failed to load,
+        # three 500s before one scrape, raised no increase at all)
         self._counts: Counter[tuple[str, str]] = Counter(
-            dict.fromkeys(((c.value, str(code)) for c in PriorityClass for code in _OWN_CODES), 0)
+            dict.fromkeys(((c.value, code) for c in PriorityClass for code in _ALERTED), 0)
         )
 
     def count(self, priority_class: str, status: int) -> None:

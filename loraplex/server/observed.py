@@ -48,6 +48,7 @@ def observe(
         sticky_key=sticky_key,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
+        shape=(target.rank, target.size_bytes),
     )
 
 

@@ -4,7 +4,8 @@
 simulator replays (``t_s`` seconds since the log began: since this server opened it on its
 monotonic clock, plus where an existing log left off, ``resume_offset_s``; ``tenant``,
 ``adapter`` as ``name@revision``, ``owner/name@revision`` for another tenant's public adapter,
-or null for the base model, ``prompt_tokens``, ``output_tokens``) and the outcome
+or null for the base model, ``prompt_tokens``, ``output_tokens``, and for an adapter its
+``rank`` (the revision's largest) and ``size_bytes`` (its bytes once loaded)) and the outcome
 (``outcome``: the finish reason or ``error``/``abort``,
 ``ttft_s``, ``tier`` the adapter was leased from, ``latency_s``, and ``engine``: the engine's
 timeline of the request, ``ENGINE_FIELDS``, or null where the engine returned none).
@@ -66,6 +67,8 @@ class LoggedRequest:
     tier: str | None  # the tier its adapter was leased from; None: base model or unknown
     latency_s: float  # arrival to the end
     engine: EngineTrace | None = None  # the engine's stages; None: it returned none
+    rank: int | None = None  # the revision's largest rank; None: base model or unknown
+    size_bytes: int | None = None  # its bytes once loaded; None: base model or unknown
 
 
 def engine_timeline(trace: EngineTrace) -> dict[str, float | None]:
@@ -166,6 +169,10 @@ class RequestLog:
             "latency_s": round(request.latency_s, 6),
             "engine": None if request.engine is None else engine_timeline(request.engine),
         }
+        if adapter is not None and request.rank is not None and request.size_bytes is not None:
+            # the simulator's shape fields: without them every adapter replayed at its default
+            # rank and bytes per rank (a rank-128 adapter as 1 MiB; newop4)
+            body.update(rank=request.rank, size_bytes=request.size_bytes)
         return json.dumps(body, sort_keys=True) + "\n"
 
     def write(self, request: LoggedRequest) -> None:

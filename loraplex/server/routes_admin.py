@@ -24,7 +24,11 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from loraplex.artifacts.manifest import CONFIG_FILE
+from loraplex.artifacts.signature import SignatureProblem
+from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.errors import SignatureError
 from loraplex.registry import (
     AliasTarget,
     PriorityClass,
@@ -210,7 +214,23 @@ async def _register_staged_upload(
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
     registration = RegistrationRequest(adapter_dir=staging, **fields.model_dump())
-    return await run_in_threadpool(_register, deps, registration)
+    return await run_in_threadpool(_register_uploaded, deps, registration)
+
+
+def _register_uploaded(deps: ServerDeps, registration: RegistrationRequest) -> JSONResponse:
+    """``_register``; a signature over more files than an upload carries (PEFT's README.md) is
+    told what to sign. NOTE: it read "signed file(s) README.md missing from the folder", and
+    the caller had sent no folder."""
+    try:
+        return _register(deps, registration)
+    except SignatureError as exc:
+        if exc.reason != SignatureProblem.MISSING_FILE:
+            raise
+        raise SignatureError(
+            exc.reason,
+            f"{exc}; an upload carries only {CONFIG_FILE} and {WEIGHTS_FILE} (and the "
+            "signature): sign a folder that holds only those two",
+        ) from exc
 
 
 @router.put("/adapters/{tenant}/{name}/alias")

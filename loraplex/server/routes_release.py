@@ -124,19 +124,19 @@ def release_status(tenant: str, name: str, deps: DepsDep) -> Any:
 @router.post("/{tenant}/{name}/promote")
 def promote(tenant: str, name: str, deps: DepsDep) -> Any:
     promoted = _store(deps).promote(tenant, name, actor=ADMIN_ACTOR)
-    deps.releases.count_transition(promoted.state.value)
+    deps.releases.count_transition(promoted.state.value, promoted.release_id)
     return release_view(promoted, deps)
 
 
 @router.post("/{tenant}/{name}/rollback")
 def rollback(tenant: str, name: str, deps: DepsDep) -> Any:
     rolled_back = _store(deps).rollback(tenant, name, actor=ADMIN_ACTOR)
-    deps.releases.count_transition(rolled_back.state.value)
+    deps.releases.count_transition(rolled_back.state.value, rolled_back.release_id)
     return release_view(rolled_back, deps)
 
 
 @router.post("/{tenant}/{name}/abort")
 def abort(tenant: str, name: str, deps: DepsDep) -> Any:
     aborted = _store(deps).abort(tenant, name, actor=ADMIN_ACTOR)
-    deps.releases.count_transition(aborted.state.value)
+    deps.releases.count_transition(aborted.state.value, aborted.release_id)
     return release_view(aborted, deps)

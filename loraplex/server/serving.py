@@ -40,6 +40,8 @@ class Target:
     adapter_key: AdapterKey | None  # None: the base model
     info: RevisionInfo  # what answered, with its tier (metrics and traces read it all)
     owned: bool  # the caller owns the revision (or the base model answers): it may see the tier
+    rank: int | None = None  # the revision's largest rank (the request log); None: base model
+    size_bytes: int | None = None  # its bytes once loaded (``estimated_bytes``); None: base
 
     @property
     def header(self) -> str:
@@ -132,7 +134,8 @@ def _resolve(
         tenant.name, model, request_id, sticky_key=sticky_key
     )
     info = RevisionInfo(revision=revision.ref, adapter_digest=revision.adapter_digest)
-    return Target(model, revision.key(), info, owned=revision.tenant == tenant.name)
+    owned = revision.tenant == tenant.name
+    return Target(model, revision.key(), info, owned, revision.max_rank, revision.estimated_bytes)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.residency.ledger import check_tier_share
@@ -170,3 +171,14 @@ class SimConfig:
         if self.max_auto_gpu_slots is None:
             return default_auto_gpu_slots(self.max_loras)
         return self.max_auto_gpu_slots
+
+
+def rank_defaults(max_lora_rank: int) -> dict[str, Any]:
+    """``default_rank`` (a trace adapter that names no rank) held to ``max_lora_rank`` when that
+    is below the default, as every adapter of such a server is: ``sim run --max-lora-rank 8``
+    read "--options: default_rank 16 is invalid" (newop4). Empty when the default fits (or the
+    rank is invalid: ``SimConfig`` then names it)."""
+    default = SimConfig.__dataclass_fields__["default_rank"].default
+    if not isinstance(default, int) or max_lora_rank < 1 or max_lora_rank >= default:
+        return {}
+    return {"default_rank": max_lora_rank}

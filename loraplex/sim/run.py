@@ -76,15 +76,26 @@ def trace_adapters(
 ) -> dict[tuple[str, str], SimAdapter]:
     """Every adapter the trace names, with its rank and bytes (a rank above ``max_lora_rank``,
     or one adapter given two shapes, is a ValueError naming it), and its key: ``keys``' for its
-    (owner, adapter) where given, else ``adapter_key``'s."""
+    (owner, adapter) where given, else ``adapter_key``'s. A line that gives no shape (neither
+    ``rank`` nor ``size_bytes``) takes the shape another line gives its adapter, else the
+    config's defaults: a request log written across the upgrade that added the shape holds both
+    kinds of lines for one revision (newop4)."""
     keys = keys or {}
+    given = {
+        adapter_place(r.tenant, r.adapter): (r.rank, r.size_bytes)
+        for r in trace
+        if r.adapter is not None and (r.rank is not None or r.size_bytes is not None)
+    }
     found: dict[tuple[str, str], SimAdapter] = {}
     for record in trace:
         if record.adapter is None:
             continue
-        rank = record.rank or config.default_rank
-        size = record.size_bytes or rank * config.bytes_per_rank
         where = adapter_place(record.tenant, record.adapter)
+        shape = (record.rank, record.size_bytes)
+        if shape == (None, None):
+            shape = given.get(where, shape)
+        rank = shape[0] or config.default_rank
+        size = shape[1] or rank * config.bytes_per_rank
         if rank > config.max_lora_rank:
             raise ValueError(
                 f"rank {rank} of adapter {record.tenant}/{record.adapter} is invalid; expected "

@@ -78,3 +78,18 @@ def test_good_values_still_plan(trace: Path) -> None:
     assert code == 0, out
     record = json.loads(out)
     assert record["candidates"] == 3 and record["best"] is not None
+
+
+def test_a_rank_above_max_lora_rank_is_refused_naming_the_trace_or_taken_with_the_flag(
+    trace: Path,
+) -> None:
+    """A trace line's ``rank`` above the simulator's ``max_lora_rank`` (64) ended ``plan`` in a
+    ValueError traceback from the first candidate's simulation, and no flag set the rank a
+    server of ``max_lora_rank = 128`` serves (newop4)."""
+    trace.write_text(json.dumps({**LINE, "rank": 128}) + "\n")
+    code, out = _plan(trace)
+    assert code == 2 and "Invalid value for --trace" in out and "--max-lora-rank 64" in out, out
+    code, out = _plan(trace, "--max-lora-rank", "128")
+    assert code == 0, out
+    code, out = _plan(trace, "--max-lora-rank", "0")
+    assert code == 2 and "Invalid value for --max-lora-rank" in out, out

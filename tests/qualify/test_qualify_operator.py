@@ -187,3 +187,32 @@ def test_the_served_sets_own_preset_is_accepted(
     result = CliRunner().invoke(_qualify_app(), argv, env={"LORAPLEX_ADMIN_KEY": ""})
     assert result.exit_code == 2 and "stopped here" in result.output
     assert started == ["large"]
+
+
+def test_the_summary_gives_each_cells_cost_per_correct_request() -> None:
+    """The summary printed the headline's ratios only (null in every --quick run, and as a
+    Python dict: None), never what a correct answer cost; it is now one line per cell (newop4)."""
+    payload = {
+        "num_cells": 1,
+        "failed_cells": [],
+        "headline": {"cost_per_correct_request_over_in_context": None},
+        "cells": [
+            {
+                **_cell(
+                    {
+                        "loraplex": {"method": "loraplex", "cost_per_correct_request": 1.3e-06},
+                        "separate": {"method": "separate", "cost_per_correct_request": None},
+                        "in_context": {"status": "failed", "reason": "x"},
+                    }
+                ),
+                "correct_requests": 8,
+                "requests": 8,
+            }
+        ],
+    }
+    text = _summary(payload, Path("r"))
+    assert (
+        "cell c: 8 of 8 requests correct; USD per correct request: loraplex 1.3e-06, "
+        "separate null, in_context null"
+    ) in text
+    assert 'headline: {"cost_per_correct_request_over_in_context": null}' in text

@@ -12,7 +12,7 @@ from registry_kit import AdapterFactory
 from signing_kit import KeyPair, certificate_signer, key_pair
 
 from loraplex.artifacts.signature import SIGNATURE_FILE, AnchorKind, SignatureProblem, sign_dir
-from loraplex.errors import SignatureError
+from loraplex.errors import DigestMismatchError, SignatureError
 from loraplex.registry import PolicyKind, RegistrationRequest, Registry
 
 WEIGHTS = "adapter_model.safetensors"
@@ -270,3 +270,40 @@ def test_provenance_is_immutable_in_the_database(
         with pytest.raises(Exception, match=r"(?i)revision"), registry.db.transaction() as tx:
             tx.execute(statement)
     assert registry.get_revision("acme/bot@v1") == before
+
+
+def test_verify_passes_a_revision_whose_signature_also_covers_a_model_card(
+    registry: Registry, make_adapter: AdapterFactory, keys: dict[str, KeyPair]
+) -> None:
+    """PEFT's save_pretrained writes a README.md beside the two files; signed with them, the
+    folder registers (registry.md: the signature must cover such a file), but only the two PEFT
+    files are stored. ``adapters verify`` judged the stored revision FAILS (missing_file: signed
+    README.md missing) although nothing was wrong with it (newop4)."""
+    _trusting(registry, keys, PolicyKind.SIGNED)
+    adapter_dir = make_adapter("carded")
+    (adapter_dir / "README.md").write_text("# a model card\n", encoding="utf-8")
+    sign_dir(adapter_dir, keys["ci"].private_path)
+    _register(registry, adapter_dir)
+    report = registry.verify_revision("acme/bot@v1", "test")
+    assert report.passed, report.message
+    assert report.signer == "key:ci"
+    assert "README.md" in report.message  # said: signed and checked at registration, not stored
+
+
+def test_verify_still_refuses_a_stored_object_the_card_signature_does_not_match(
+    registry: Registry, make_adapter: AdapterFactory, keys: dict[str, KeyPair]
+) -> None:
+    """Leaving the unstored card out of the comparison leaves the stored files checked: a changed
+    stored object still fails ``adapters verify`` (the store's own digest check, first)."""
+    _trusting(registry, keys, PolicyKind.SIGNED)
+    adapter_dir = make_adapter("carded")
+    (adapter_dir / "README.md").write_text("# a model card\n", encoding="utf-8")
+    sign_dir(adapter_dir, keys["ci"].private_path)
+    _register(registry, adapter_dir)
+    stored = registry.get_revision("acme/bot@v1")
+    path = registry.store.path_for(stored.adapter_digest)  # type: ignore[attr-defined]
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(DigestMismatchError):
+        registry.verify_revision("acme/bot@v1", "test")

@@ -22,6 +22,7 @@ from loraplex.release.model import (
     Thresholds,
 )
 from loraplex.release.store import ReleaseStore
+from loraplex.release.traffic import ReleaseTraffic
 
 S = ReleaseState
 PLAN = ReleasePlan(ladder=(0.1, 0.5), dwell_s=60.0, window_s=600.0, thresholds=Thresholds())
@@ -436,10 +437,32 @@ def test_every_move_is_reported_to_on_move(
     env.outputs[("v2", "hello")] = " goodbye"  # the probe fails: rolled back
     ReleaseStore(registry).start_release("acme", "bot", "v2", PLAN, actor="ops")
     moves: list[ReleaseState] = []
-    controller = ReleaseController(registry, env, clock, on_move=moves.append)
+    controller = ReleaseController(registry, env, clock, on_move=lambda *a: moves.append(a[0]))
     for _ in range(4):
         controller.tick()
     assert moves == [S.PREWARMING, S.PROBING, S.ROLLED_BACK]
+
+
+@pytest.mark.parametrize("move", ["rollback", "promote"])
+def test_an_operators_move_is_reported_to_on_move_once(
+    registry: Registry, env: FakeEnv, clock: ManualClock, move: str
+) -> None:
+    """`loraplex release rollback` writes the registry, not through the server: only the
+    controller's own moves reached ``on_move``, so ``loraplex_release_transitions_total{state=
+    "rolled_back"}`` stayed 0 and LoraplexReleaseRolledBack never fired for it (newop4)."""
+    store = ReleaseStore(registry)
+    store.start_release("acme", "bot", "v2", PLAN, actor="ops")
+    moves: list[tuple[object, ...]] = []
+    controller = ReleaseController(registry, env, clock, on_move=lambda *a: moves.append(a))
+    for _ in range(3):  # staged -> prewarming -> probing -> canary
+        controller.tick()
+    release_id = store.latest_release("acme", "bot").release_id
+    assert [a[0] for a in moves] == [S.PREWARMING, S.PROBING, S.CANARY]
+    moved = getattr(store, move)("acme", "bot", actor="cli:ops")  # as the CLI does
+    for _ in range(3):
+        clock.advance(1.0)
+        controller.tick()
+    assert moves[3:] == [(moved.state, release_id)]
 
 
 def test_a_candidate_whose_stored_probe_is_invalid_is_aborted_not_stuck(
@@ -501,3 +524,14 @@ def test_a_stored_plan_over_the_bounds_is_aborted_before_any_probe_runs(
     assert release.reason is not None and "probes: 40 is invalid" in release.reason
     assert env.probed == []
     assert env.pinned == set()
+
+
+def test_a_move_counted_by_the_admin_route_is_not_counted_again_by_the_controller() -> None:
+    """The admin API's rollback counts its move, and the controller then sees it too."""
+    traffic = ReleaseTraffic(ManualClock(), lambda: [])
+    traffic.count_transition("rolled_back", "rel-1")  # the route
+    traffic.count_transition("rolled_back", "rel-1")  # the controller, a tick later
+    traffic.count_transition("rolled_back", "rel-2")
+    traffic.count_transition("canary")  # no id: counted each time, as before
+    traffic.count_transition("canary")
+    assert traffic.transitions() == {"rolled_back": 2, "canary": 2}

@@ -21,7 +21,13 @@ from loraplex.server.request_log import LoggedRequest, RequestLog
 from loraplex.sim import cost_model
 from loraplex.sim.config import SimConfig
 from loraplex.sim.run import simulate
-from loraplex.sim.trace import OUTCOME_FIELDS, TRACE_FIELDS, parse_record, read_trace
+from loraplex.sim.trace import (
+    OUTCOME_FIELDS,
+    SHAPE_FIELDS,
+    TRACE_FIELDS,
+    parse_record,
+    read_trace,
+)
 
 COST = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json"
 
@@ -49,8 +55,10 @@ def test_finished_requests_are_logged_and_replay_in_the_simulator(
         deps.cache.close()
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(lines) == 3
+    for line in lines[:2]:  # adapters: with their shape (rank, bytes once loaded)
+        assert set(line) == {*TRACE_FIELDS, *SHAPE_FIELDS, *OUTCOME_FIELDS}
+    assert set(lines[2]) == {*TRACE_FIELDS, *OUTCOME_FIELDS}  # the base model has none
     for line in lines:
-        assert set(line) == {*TRACE_FIELDS, *OUTCOME_FIELDS}
         assert "hi" not in json.dumps(line) and "hello" not in json.dumps(line)  # no prompt text
     first, second, base = lines
     assert (first["tenant"], first["adapter"]) == ("acme", "support@r1")
@@ -180,3 +188,25 @@ def read_trace_line(text: str) -> bool:
     from loraplex.sim.trace import parse_record
 
     return parse_record(json.loads(text)).prompt_tokens == 4
+
+
+def test_each_adapter_line_carries_the_revisions_rank_and_bytes(
+    served: Served, tmp_path: Path
+) -> None:
+    """The log had no ``rank`` or ``size_bytes``, so a replay priced every adapter at the
+    simulator's default rank 16 and bytes per rank (1 MiB), whatever it was (newop4)."""
+    log = tmp_path / "requests.jsonl"
+    deps = make_app_deps(served, FakeEngine(), request_log_path=log)
+    with TestClient(create_app(deps)) as client:
+        for model in ("support", "billing"):
+            body = {"model": model, "prompt": "hi", "max_tokens": 2}
+            assert _post(client, served, "acme", body).status_code == 200
+    if deps.cache is not None:
+        deps.cache.close()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    for line in lines:
+        name, _, label = line["adapter"].partition("@")
+        revision = served.registry.get_revision(f"acme/{name}@{label}")
+        assert (line["rank"], line["size_bytes"]) == (revision.max_rank, revision.estimated_bytes)
+    trace = read_trace(log)
+    assert [(r.rank, r.size_bytes) for r in trace] == [(x["rank"], x["size_bytes"]) for x in lines]

@@ -167,3 +167,22 @@ def test_vllm_load_lora_adapter_verifies_the_signature(
     assert loaded.status_code == 200, loaded.text
     provenance = rig.served.registry.get_revision(f"{TENANT}/loaded@l1").provenance
     assert provenance is not None and provenance.signer == "key:ci"
+
+
+def test_an_upload_signed_with_a_model_card_is_told_to_sign_only_the_two_files(
+    signed_rig: Rig, ci_key: KeyPair, tmp_path: Path
+) -> None:
+    """PEFT's save_pretrained writes a README.md; a folder signed with it and uploaded (only the
+    two PEFT files and the bundle travel) was refused with "signed file(s) README.md missing from
+    the folder": no folder was sent, and nothing said what to sign instead (newop4)."""
+    rig = signed_rig
+    adapter_dir = _copy(rig.served, tmp_path / "carded")
+    (adapter_dir / "README.md").write_text("# a model card\n", encoding="utf-8")
+    sign_dir(adapter_dir, ci_key.private_path)
+    refused = _upload(rig, adapter_dir, "c1")
+    assert refused.status_code == 422, refused.text  # type: ignore[attr-defined]
+    message = refused.json()["error"]["message"]  # type: ignore[attr-defined]
+    assert "README.md" in message
+    assert "adapter_config.json and adapter_model.safetensors" in message
+    shown = rig.client.get(f"/admin/adapters/{TENANT}/uploaded", headers=rig.admin)
+    assert "c1" not in {r["revision"] for r in shown.json().get("revisions", [])}

@@ -298,3 +298,41 @@ def test_a_calibrate_refusal_names_a_flag_only_for_a_field_of_the_config() -> No
     # a message that starts with no field of the config names no flag (it named "--expected")
     assert flag("expected at least one batch size") is None
     assert flag("") is None
+
+
+def test_sim_run_takes_the_served_max_lora_rank(tmp_path: Path) -> None:
+    """A request log of a server with ``max_lora_rank = 128`` names rank-128 adapters; ``sim
+    run`` had no flag for the rank and refused them (newop4). Below the default rank, the
+    default follows it (it was ``--options: default_rank 16 is invalid``)."""
+    path = tmp_path / "t.jsonl"
+    line = {"t_s": 0.0, "tenant": "t", "adapter": "a", "prompt_tokens": 8, "output_tokens": 4}
+    path.write_text(json.dumps({**line, "rank": 128}) + "\n")
+    args = ["sim", "run", "--trace", str(path), "--cost-model", str(COST_FILE), "--json"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "max_lora_rank 64" in refused.output
+    taken = runner.invoke(app, [*args, "--max-lora-rank", "128"])
+    assert taken.exit_code == 0, taken.output
+    assert json.loads(taken.output)["metrics"]["completed"] == 1
+    path.write_text(json.dumps(line) + "\n")  # no rank: the default, held to the flag
+    small = runner.invoke(app, [*args, "--max-lora-rank", "8"])
+    assert small.exit_code == 0, small.output
+
+
+def test_a_log_across_the_shape_upgrade_replays_each_adapter_at_its_given_shape(
+    tmp_path: Path,
+) -> None:
+    """A request log written before and after its lines carried ``rank``/``size_bytes`` holds
+    both kinds for one revision; the shapeless lines take the given shape (they were the
+    default rank, and the two were refused as two shapes). Two given shapes still are."""
+    path = tmp_path / "t.jsonl"
+    line = {"t_s": 0.0, "tenant": "t", "adapter": "a@r1", "prompt_tokens": 8, "output_tokens": 4}
+    shaped = {**line, "t_s": 1.0, "rank": 8, "size_bytes": 212992}
+    path.write_text(json.dumps(line) + "\n" + json.dumps(shaped) + "\n")
+    args = ["sim", "run", "--trace", str(path), "--cost-model", str(COST_FILE), "--json"]
+    taken = runner.invoke(app, args)
+    assert taken.exit_code == 0, taken.output
+    assert json.loads(taken.output)["metrics"]["completed"] == 2
+    other = {**shaped, "t_s": 2.0, "rank": 16}
+    path.write_text("\n".join(json.dumps(x) for x in (line, shaped, other)) + "\n")
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "two shapes" in refused.output
