@@ -153,6 +153,19 @@ def register(admin: Admin, adapter: GeneratedAdapter) -> None:
     admin.must("PUT", alias, json={"targets": [{"revision": REVISION}]})
 
 
+def register_all(
+    admin: Admin, adapters: list[GeneratedAdapter], registered: list[GeneratedAdapter]
+) -> None:
+    """``register`` each of ``adapters``, the largest rank first, appending each to
+    ``registered`` once it is (the caller retires those). NOTE: in the plan's order a deployment
+    whose ``max_lora_rank`` refuses the plan's largest rank refused it only after every smaller
+    adapter was registered (32 uploads on the default plan, retired again) before the run ended
+    on the refusal; now the first upload is refused and nothing else is registered."""
+    for adapter in sorted(adapters, key=lambda a: -a.rank):  # stable: the plan's order within
+        register(admin, adapter)
+        registered.append(adapter)
+
+
 def retire(admin: Admin, adapters: list[GeneratedAdapter]) -> list[str]:
     """Deprecate every registered revision and evict its copies; the refs that could not be
     retired (reported, never raised: this runs in ``finally``)."""

@@ -25,7 +25,7 @@ from loraplex.qualify.population import (
     GeneratedAdapter,
     ensure_tenants,
     plan_adapters,
-    register,
+    register_all,
     retire,
     tenant_keys,
     write_adapters,
@@ -115,9 +115,7 @@ def _run_cells(
     extra_tenants = sorted({a.partition("/")[0] for a in plan.traffic.deployment_adapters})
     tenants = sorted({*VICTIMS, HOSTILE, *extra_tenants})
     try:
-        for adapter in generated:
-            register(admin, adapter)
-            registered.append(adapter)
+        register_all(admin, generated, registered)
         with tenant_keys(admin, tenants) as keys:
             runs = asyncio.run(
                 _cells(

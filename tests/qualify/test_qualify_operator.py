@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from loraplex.cli.qualify import DEFAULT_ASSETS, _default_assets, _summary
 from loraplex.cli.qualify import register as register_qualify
 from loraplex.qualify.client import Admin, QualifyError, Reply
-from loraplex.qualify.population import GeneratedAdapter, register
+from loraplex.qualify.population import GeneratedAdapter, register, register_all
 from loraplex.qualify.run import _model_dir
 
 
@@ -50,6 +50,42 @@ def test_a_refused_registration_says_what_the_deployment_must_accept(tmp_path: P
     assert "registering qualify-a/heavy-tail-0000@q2 (rank 128): 422" in message
     assert "max_lora_rank at least the plan's largest rank" in message
     assert "matrix.rank_distributions" in message
+
+
+class _RankCappedAdmin:
+    """A deployment with ``max_lora_rank`` 64: uploads of rank 128 refused, the rest kept."""
+
+    def __init__(self) -> None:
+        self.uploaded: list[str] = []
+
+    def upload(self, adapter_dir: Path, fields: dict[str, str]) -> Reply:
+        if adapter_dir.name.startswith("heavy"):
+            return Reply(422, {"error": {"message": "field 'r' is 128; expected <= 64"}})
+        self.uploaded.append(adapter_dir.name)
+        return Reply(201, {})
+
+    def must(self, method: str, path: str, **kw: object) -> dict[str, object]:
+        return {}
+
+
+def test_the_largest_rank_registers_first_so_a_refusal_registers_nothing(tmp_path: Path) -> None:
+    """newop4: against a deployment whose ``max_lora_rank`` was below the plan's largest rank,
+    ``qualify --url`` registered every smaller adapter (32 on the default plan) before the
+    refusal ended the run (and then retired them all)."""
+
+    def made(name: str, rank: int) -> GeneratedAdapter:
+        return GeneratedAdapter("qualify-a", name, rank, ("q_proj",), tmp_path / name)
+
+    plan = [made("uniform-0000", 8), made("uniform-0001", 8), made("heavy-tail-0000", 128)]
+    admin, registered = _RankCappedAdmin(), []
+    with pytest.raises(QualifyError, match="rank 128"):
+        register_all(admin, plan, registered)  # type: ignore[arg-type]
+    assert admin.uploaded == [] and registered == []
+    admin = _RankCappedAdmin()
+    fits = [made("uniform-0000", 8), made("skewed-0000", 16), made("uniform-0001", 8)]
+    register_all(admin, fits, registered)  # type: ignore[arg-type]
+    assert admin.uploaded == ["skewed-0000", "uniform-0000", "uniform-0001"]  # stable within
+    assert [a.name for a in registered] == admin.uploaded
 
 
 def _cell(methods: dict[str, Any]) -> dict[str, Any]:
