@@ -1,12 +1,8 @@
-"""vLLM's ``vllm serve`` flags that ``loraplex serve`` does not take, each with what to use
-instead (docs/migrating-from-vllm.md). ``loraplex serve`` refuses them as click refuses any
-unknown option, and this adds the way out: a migrating user's ``vllm serve BASE --enable-lora
---lora-modules sql=/p`` was ``No such option: --enable-lora`` alone, one flag per attempt, with
+"""``loraplex serve``'s usage error names each vLLM flag of its command line with what to use
+instead (the table: ``serve/config/vllm.py``). It refuses them as click refuses any unknown
+option; a migrating user's ``vllm serve BASE --enable-lora --lora-modules sql=/p`` was ``No such
+option: --enable-lora (Possible options: --max-loras)`` alone, one flag per attempt, with
 nothing that said where adapters, the base model's name or the API key had gone.
-
-The flags vLLM and loraplex share (``--max-loras``, ``--max-lora-rank``, ``--max-cpu-loras``,
-``--max-num-seqs``, ``--max-num-batched-tokens``, ``--max-model-len``, ``--dtype``, ``--host``,
-``--port``) are ``loraplex serve``'s own and never reach this table.
 """
 
 from __future__ import annotations
@@ -17,37 +13,7 @@ from typer._click import core as click_core  # typer 0.29 vendors click: its err
 from typer._click import exceptions as click_errors
 from typer.core import TyperCommand
 
-_REGISTER = (
-    "adapters are registered, not given as flags: `loraplex tenants create T`, then per adapter "
-    "`loraplex adapters register PATH --tenant T --name NAME --revision R --base-model BASE` "
-    "(or POST /v1/load_lora_adapter with lora_name T/NAME, which needs --import-dir); a key of "
-    "T (`loraplex keys create T`) then calls it as model NAME"
-)
-_TP = "one engine per device: scale out with `loraplex fleet up --replicas N`"
-
-# vLLM flag -> what loraplex takes instead (each checked against loraplex's code)
-VLLM_ONLY_FLAGS: dict[str, str] = {
-    "--enable-lora": "loraplex always serves LoRA adapters: leave it out",
-    "--lora-modules": _REGISTER,
-    "--served-model-name": "the base model's name is the name of its directory (--model DIR)",
-    "--api-key": (
-        "clients send a tenant's key (`loraplex keys create TENANT`); the admin credential is "
-        "--admin-key"
-    ),
-    "--disable-uvicorn-access-log": "use --no-access-log",
-    "--uvicorn-log-level": "use --log-level",
-    "--lora-dtype": "adapters are held in the model's --dtype",
-    "--tensor-parallel-size": _TP,
-    "-tp": _TP,
-    "--gpu-memory-utilization": (
-        "the KV cache is sized in blocks: num_kv_blocks and block_size in the --config file"
-    ),
-    "--block-size": "block_size in the --config file",
-}
-MODEL_ARGUMENT = (
-    "MODEL: `vllm serve MODEL` takes the base model as an argument; loraplex serve takes it "
-    "as --model DIR"
-)
+from loraplex.serve.config.vllm import MODEL_ARGUMENT, VLLM_ONLY_FLAGS
 
 
 def vllm_hints(args: Sequence[str]) -> list[str]:

@@ -11,8 +11,9 @@ import typer
 from typer.testing import CliRunner
 
 from loraplex.cli import app
-from loraplex.cli.vllm_flags import VLLM_ONLY_FLAGS, vllm_hints
+from loraplex.cli.vllm_flags import vllm_hints
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.config.vllm import VLLM_ONLY_FLAGS
 
 VLLM_LINE = [
     "/models/Llama-3-8B",
@@ -88,3 +89,13 @@ def test_another_unknown_flag_keeps_clicks_error_alone(tmp_path: Path) -> None:
 def test_hints_name_each_flag_once_in_order() -> None:
     hints = vllm_hints(["--api-key", "k", "--enable-lora", "--api-key=k2"])
     assert [hint.split(":")[0] for hint in hints] == ["--api-key", "--enable-lora"]
+
+
+def test_a_vllm_flag_as_a_config_key_is_named_as_vllms(tmp_path: Path) -> None:
+    path = tmp_path / "serve.toml"
+    path.write_text("[serve]\nenable_lora = true\nmax_loras = 4\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["serve", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "enable_lora: vLLM's --enable-lora, which loraplex serve does not take" in text, text
+    assert "did you mean max_loras" not in text  # click-like near name: it misled
