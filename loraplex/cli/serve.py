@@ -42,6 +42,7 @@ from loraplex.cli.serve_start import (
     say_how_to_get_a_tenant_key,
     start_engine_child,
 )
+from loraplex.cli.vllm_flags import VllmAwareCommand
 from loraplex.dtypes import DEFAULT_DTYPE, DTYPE_NAMES
 from loraplex.registry import default_data_dir
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
@@ -64,7 +65,7 @@ Opt = typer.Option
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve_command)
+    app.command("serve", cls=VllmAwareCommand)(serve_command)
 
 
 def serve_command(

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from loraplex.errors import did_you_mean
 from loraplex.serve.config.keys import FILE_KEYS, file_key
 from loraplex.serve.config.record import ServeConfig
+from loraplex.serve.config.vllm import vllm_file_keys
 
 _PATH_FIELDS = {"data_dir", "model", "import_dir", "request_log_path"}
 _DEPRECATED_KEYS = {"torch_threads": "threads"}  # still read, with a warning naming the new key
@@ -66,7 +67,13 @@ def _field_names(path: Path, table: dict[str, Any]) -> dict[str, Any]:
     keys = file_keys()
     unknown = sorted(set(table) - keys - set(_DEPRECATED_KEYS))
     if unknown:
-        hint = did_you_mean(unknown, keys)
+        vllm = vllm_file_keys(unknown)  # NOTE: enable_lora was "did you mean max_loras?"
+        hint = did_you_mean([k for k in unknown if k not in vllm], keys)
+        hint += "".join(
+            f" ({k}: vLLM's --{k.replace('_', '-')}, which loraplex serve does not take; "
+            "docs/migrating-from-vllm.md says what to use instead)"
+            for k in vllm
+        )
         raise ValueError(
             f"config file {path}: unknown keys {unknown}{hint}; expected {sorted(keys)}"
         )
