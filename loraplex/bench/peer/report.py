@@ -8,9 +8,12 @@ never 0. A ratio's value divides the kinds' figures over all their lifetimes (me
 per-lifetime rates, pooled trace requests, the largest memory peak); ``<name>_min`` and
 ``<name>_max`` beside it are the smallest and largest per-round ratio (round r: each kind's
 r-th lifetime; a round where a figure was not measured, e.g. the trace before both rates were
-known, is left out; null if any round's ratio is). With several max_loras settings the
-headline of each ratio is its least favourable setting for loraplex (named beside it); every
-setting's figures are under ``per_max_loras``.
+known, is left out; null if any round's ratio is), ``<name>_median`` their median. NOTE: the
+value and the per-round ratios can disagree, most for the trace's P99 (all lifetimes' requests
+pooled): run 17 in docs/benchmarks/peer.md read 0.104 beside a per-round 0.086-0.097, so the
+per-round median stands beside them (without it the JSON gave no median of the rounds).
+With several max_loras settings the headline of each ratio is its least favourable setting for
+loraplex (named beside it); every setting's figures are under ``per_max_loras``.
 """
 
 from __future__ import annotations
@@ -184,9 +187,9 @@ def _largest(values: Sequence[float | None]) -> float | None:
 
 def round_spread(
     h: Headline, rounds: Sequence[dict[str, Lifetime]], timeout_s: float, start_timeout_s: float
-) -> tuple[float | None, float | None]:
-    """The smallest and largest per-round ratio of ``h``; rounds where a figure was not
-    measured are left out; (None, None) if none is left or any ratio is undefined."""
+) -> tuple[float | None, float | None, float | None]:
+    """The smallest, median and largest per-round ratio of ``h``; rounds where a figure was not
+    measured are left out; (None, None, None) if none is left or any ratio is undefined."""
     values = []
     for by_role in rounds:
         top = lifetime_figure(by_role["loraplex"], h.figure, timeout_s, start_timeout_s)
@@ -195,9 +198,9 @@ def round_spread(
             continue
         values.append(ratio(top, _largest(below)))
     if not values or None in values:
-        return None, None
+        return None, None, None
     found = [v for v in values if v is not None]
-    return min(found), max(found)
+    return min(found), _median(found), max(found)
 
 
 def greedy_matched(first: Lifetime | None, second: Lifetime | None) -> int:
@@ -228,13 +231,13 @@ def setting_metrics(runs: SettingRuns, timeout_s: float, start_timeout_s: float)
     rounds = [{role: lts[r] for role, lts in by_role.items()} for r in range(count)]
     out: dict[str, Any] = {"max_loras": runs.settings.max_loras}
     for h in HEADLINES:
-        spread: tuple[float | None, float | None] = (None, None)
+        spread: tuple[float | None, float | None, float | None] = (None, None, None)
         if any(role not in stats for _, role, _ in h.over):  # that kind did not run
             out[h.name] = None
         else:
             out[h.name] = _headline_value(h, stats)
             spread = round_spread(h, rounds, timeout_s, start_timeout_s)
-        out[f"{h.name}_min"], out[f"{h.name}_max"] = spread
+        out[f"{h.name}_min"], out[f"{h.name}_median"], out[f"{h.name}_max"] = spread
     out["rounds"] = count
     out["common_rate_rps"] = None if runs.trace_rate is None else round(runs.trace_rate, 3)
     out["probes"] = sum(e is not None for e in runs.expected)
@@ -269,7 +272,7 @@ def headline_metrics(per_setting: Sequence[dict[str, Any]]) -> dict[str, Any]:
             pick = min if h.higher_is_better else max
             chosen = per_setting[values.index(pick(values))]
         defined = chosen is not None and None not in values
-        for suffix in ("", "_min", "_max"):
+        for suffix in ("", "_min", "_median", "_max"):
             out[h.name + suffix] = chosen[h.name + suffix] if defined and chosen else None
         out[h.detail] = _detail(h, chosen)
     out["probes"] = max((s["probes"] for s in per_setting), default=0)

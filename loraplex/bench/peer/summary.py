@@ -29,14 +29,14 @@ def _ratio_cell(setting: dict[str, Any], name: str) -> str:
     value = setting[name]
     if value is None:
         return "n/a"
-    low, high = setting[f"{name}_min"], setting[f"{name}_max"]
-    spread = "n/a" if low is None or high is None else f"{low}-{high}"
+    low, mid, high = setting[f"{name}_min"], setting[f"{name}_median"], setting[f"{name}_max"]
+    spread = "n/a" if low is None or high is None else f"{low}-{high}, per-round median {mid}"
     return f"{value} ({spread})"
 
 
 def summary_markdown(metrics: dict[str, Any], peer: str) -> str:
     """A table per setting: each figure for every kind and, for the headlines, the ratio to
-    vLLM with LoRA (min-max over rounds in parentheses)."""
+    vLLM with LoRA (min-max and median over rounds in parentheses)."""
     parts = [f"# loraplex vs {peer}"]
     for key, s in metrics["per_max_loras"].items():
         roles = [role for role in ROLES if role in s]

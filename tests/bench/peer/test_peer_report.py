@@ -180,6 +180,10 @@ def test_each_ratio_is_the_ratio_of_medians_with_its_min_and_max_over_rounds() -
     # the trace ran from round 1 on: round 0 is left out of its spread
     assert s["common_rate_p99_ttft_over_vllm_min"] == 0.2
     assert s["common_rate_p99_ttft_over_vllm_max"] == 0.3
+    # the per-round ratios' median beside them (the value pools or takes medians per kind)
+    assert s["base_throughput_over_vllm_median"] == 1.1  # of 1.25, 1.1, 1.0 (the value: 1.111)
+    assert s["base_throughput_over_vllm_nolora_median"] == 0.833  # 0.833, 1.1, 0.6
+    assert s["common_rate_p99_ttft_over_vllm_median"] == 0.25  # 0.2, 0.3
     assert s["start_to_first_answer_over_vllm"] == 0.1 and s["peak_rss_over_vllm"] == 0.25
     assert s["vllm_nolora"]["base_tokens_per_s"] == 1200 and s["vllm_nolora"]["lifetimes"] == 3
     assert s["probes"] == 2 and s["greedy_matched"] == 1
@@ -228,5 +232,7 @@ def test_headline_is_the_least_favourable_setting_with_its_spread() -> None:
     nulled = headline_metrics([undefined, sixteen])
     assert nulled["adapter_throughput_over_vllm"] is None
     assert nulled["adapter_throughput_over_vllm_min"] is None
+    assert nulled["adapter_throughput_over_vllm_median"] is None
     text = summary_markdown(metrics, "stand-in")
-    assert "vllm_nolora" in text and "5.25 (5.0-5.5)" in text
+    assert metrics["adapter_throughput_over_vllm_median"] == 5.25
+    assert "vllm_nolora" in text and "5.25 (5.0-5.5, per-round median 5.25)" in text
