@@ -32,8 +32,9 @@ class RecentRequests:
     re-uses one of its own ids replaces its entry (that newer request was served, so rating it
     is legitimate; the older one can no longer be rated). Bounded twice: each tenant keeps at
     most ``max_entries_per_tenant`` (its oldest dropped first) and all at most ``max_entries``
-    (then the oldest of the tenant holding the most goes), so a tenant's flood evicts only its
-    own entries while others hold fewer. An entry lives ``ttl_s``."""
+    (then every tenant's expired entries go, and if that is not enough the oldest of the tenant
+    holding the most: the tenant adding, when it is tied for the most), so a tenant's flood
+    evicts only its own entries while others hold no more. An entry lives ``ttl_s``."""
 
     def __init__(
         self,
@@ -67,8 +68,12 @@ class RecentRequests:
             while len(entries) > self._max_per_tenant:
                 entries.popitem(last=False)
             self._count += len(entries)
+            if self._count > self._max_entries:
+                self._expire_all(now)  # idle tenants' expired entries first, never live ones
             while self._count > self._max_entries:
                 largest = max(self._tenants.values(), key=len)
+                if len(entries) == len(largest):  # tied at the most: the tenant adding pays
+                    largest = entries
                 largest.popitem(last=False)
                 self._count -= 1
 
@@ -99,6 +104,16 @@ class RecentRequests:
         self._expire(entries, self._clock.now())
         self._count += len(entries)
         return entries.get(response_id)
+
+    def _expire_all(self, now: float) -> None:
+        """Drops every tenant's expired entries (and the maps left empty). Expiry otherwise runs
+        per tenant, on its own calls, so an idle tenant's expired entries would still count."""
+        for tenant, entries in list(self._tenants.items()):
+            self._count -= len(entries)
+            self._expire(entries, now)
+            self._count += len(entries)
+            if not entries:
+                del self._tenants[tenant]
 
     def _expire(self, entries: OrderedDict[str, Served], now: float) -> None:
         # Entries are in insertion order, so expired ones are at the front.

@@ -269,6 +269,35 @@ def test_a_flooding_tenant_evicts_only_its_own_entries() -> None:
     assert recent.get("globex", "flood-96") is None and recent.get("globex", "flood-99")
 
 
+def test_past_the_global_cap_a_tenant_tied_at_the_top_pays_for_its_own_entry() -> None:
+    # attack29: tied at the most, the first tenant in insertion order (globex) paid for acme's
+    # new entry, so acme's traffic dropped globex's recent requests (their feedback 404'd)
+    recent = RecentRequests(ManualClock(), max_entries=4, max_entries_per_tenant=2)
+    recent.remember("globex", "g-1", BASE, "g")
+    recent.remember("globex", "g-2", BASE, "g")
+    recent.remember("acme", "a-1", CAND, "a")
+    recent.remember("initech", "i-1", None, "i")
+    recent.remember("acme", "a-2", CAND, "a")  # 5 > 4: acme and globex hold 2 each
+    assert recent.get("globex", "g-1") is not None and recent.get("globex", "g-2") is not None
+    assert recent.get("acme", "a-1") is None and recent.get("acme", "a-2") is not None
+    assert len(recent) == 4
+
+
+def test_expired_entries_of_idle_tenants_never_push_out_live_ones() -> None:
+    # attack29: expiry ran per tenant on its own calls, so idle tenants' expired entries still
+    # counted towards the global cap, and a live tenant's entries went in their place
+    clock = ManualClock()
+    recent = RecentRequests(clock, max_entries=4, max_entries_per_tenant=3, ttl_s=10.0)
+    for tenant in ("initech", "hooli"):
+        recent.remember(tenant, f"{tenant}-1", None, "x")
+        recent.remember(tenant, f"{tenant}-2", None, "x")
+    clock.advance(11.0)  # initech's and hooli's entries have expired; neither calls again
+    for i in range(3):
+        recent.remember("globex", f"g-{i}", BASE, "g")
+    assert [recent.get("globex", f"g-{i}") is not None for i in range(3)] == [True] * 3
+    assert len(recent) == 3
+
+
 def test_observation_feeds_the_window_with_its_verdict() -> None:
     clock = ManualClock()
     traffic = _traffic(clock)
