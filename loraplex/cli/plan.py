@@ -105,6 +105,15 @@ def plan_command(
             "among them wins (0: exact ties only)."
         ),
     ] = 0.0,
+    router: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--router",
+            help="KEY=NUMBER: a key of the fleet's router table (a RouterConfig override such as "
+            "max_queued) for every routed candidate; each swept routing policy must read it "
+            "(repeatable).",
+        ),
+    ] = None,
     plots_dir: Annotated[str, typer.Option(help="Where the PNG plots go; '' skips them.")] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON line.")] = False,
 ) -> None:
@@ -153,6 +162,10 @@ def plan_command(
             f"above --max-lora-rank {max_lora_rank}; give the served max_lora_rank",
             param_hint="--trace",
         )
+    with _refused("--router"):
+        table = swept_router(router or [], {c.routing_policy for c in candidates})
+    if table:
+        base["router"] = table
     simulate = simulator(records, cost_model, base)
     result = plan(candidates, simulate, objectives, price, cost_tolerance)
     record = {
@@ -163,6 +176,7 @@ def plan_command(
         "price_usd_per_hour": price.usd_per_hour,
         "price_source": price.source,
         "cost_tolerance": cost_tolerance,
+        "router": table,  # ``--router``: every routed candidate's router overrides
         **plan_record(result),
     }
     if plots_dir:
@@ -170,6 +184,18 @@ def plan_command(
     if not as_json:
         typer.echo(summary(record), err=True)
     typer.echo(json.dumps(record, allow_nan=False))
+
+
+def swept_router(pairs: list[str], policies: set[str]) -> dict[str, int | float]:
+    """``--router`` pairs as the fleet's router table, checked against every swept routing
+    policy (a key one of them does not read is refused naming that policy, as the fleet
+    refuses it)."""
+    from loraplex.cli.router_pairs import router_table
+
+    table: dict[str, int | float] = {}
+    for policy in sorted(policies):
+        table = router_table(policy, pairs)
+    return table
 
 
 @contextmanager

@@ -19,6 +19,7 @@ import typer
 
 from loraplex.cli.figures import figure, named_figures, ttft_text
 from loraplex.cli.given import given
+from loraplex.cli.router_pairs import number_pairs, router_table
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.residency.policy import DEFAULT_POLICY as DEFAULT_EVICTION
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
@@ -79,18 +80,7 @@ def topology_config(on: bool, pairs: list[str]) -> TopologyConfig | None:
     if not on:
         return None
     keys = [f.name for f in fields(TopologyConfig)]
-    counts = {f.name for f in fields(TopologyConfig) if isinstance(f.default, int)}
-    values: dict[str, int | float] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or key not in keys:
-            raise ValueError(f"{pair!r} is invalid; expected KEY=NUMBER, KEY one of {keys}")
-        try:
-            values[key] = int(text) if key in counts else float(text)
-        except ValueError:
-            kind = "an integer" if key in counts else "a number"
-            raise ValueError(f"{pair!r} is invalid; expected {kind} after '='") from None
-    return TopologyConfig(**values)  # type: ignore[arg-type]  # each key typed as parsed
+    return TopologyConfig(**number_pairs(pairs, TopologyConfig, keys))  # type: ignore[arg-type]
 
 
 def _fail(flag: str, error: Exception) -> typer.Exit:
@@ -149,6 +139,14 @@ def run_command(
         list[str] | None,
         Opt(help="KEY=NUMBER: a TopologyConfig key of --topology (repeatable)."),
     ] = None,
+    router: Annotated[
+        list[str] | None,
+        Opt(
+            "--router",
+            help="KEY=NUMBER: a key of the fleet's router table, a RouterConfig override such "
+            "as max_queued (repeatable; refused as the fleet refuses it).",
+        ),
+    ] = None,
     as_json: Annotated[bool, Opt("--json", help="One JSON line.")] = False,
 ) -> None:
     """Simulate a trace or a scenario on a deployment; print its figures."""
@@ -166,6 +164,10 @@ def run_command(
         fleet_topology = topology_config(topology, topology_set or [])
     except ValueError as e:
         raise _fail("--topology-set", e) from e
+    try:
+        router_overrides = router_table(routing_policy, router or [])
+    except ValueError as e:
+        raise _fail("--router", e) from e
     settings: dict[str, Any] = {
         "tenants": tenants,
         "replicas": replicas,
@@ -186,6 +188,7 @@ def run_command(
         "max_auto_gpu_slots": max_auto_gpu_slots,
         "seed": seed,
         "topology": fleet_topology,
+        "router": router_overrides,
     }
     try:
         config = SimConfig(**settings)

@@ -15,12 +15,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from loraplex.router.config import RouterConfig
 from loraplex.router.router import (
     DEFAULT_POLICY,
     follows_dedication,
     policy_names,
-    unread_router_keys,
+    router_config,
 )
 from loraplex.router.topology import TopologyConfig
 from loraplex.serve.config import ServeConfig
@@ -48,7 +47,6 @@ FLEET_KEYS = (
     "topology",
     "engine_resource",
 )
-_ROUTER_KEYS = sorted(f.name for f in fields(RouterConfig))
 _TOPOLOGY_KEYS = sorted(f.name for f in fields(TopologyConfig))
 # A Ray custom resource name; Ray's own (and ``node:<id>``) are not the operator's to hand out.
 RESOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -169,17 +167,7 @@ class FleetSettings:
             raise ValueError(
                 f"router {self.router!r} is invalid; expected a table of RouterConfig keys"
             )
-        unknown = sorted(str(k) for k in self.router if k not in _ROUTER_KEYS)
-        if unknown:
-            raise ValueError(f"router keys {unknown} are unknown; expected some of {_ROUTER_KEYS}")
-        RouterConfig(**self.router)  # raises naming a wrong value
-        unread = unread_router_keys(self.policy, self.router)
-        if unread:
-            raise ValueError(
-                f"router keys {unread} are not read by the routing policy {self.policy!r}; "
-                "expected them left out, or a policy that reads them "
-                "(affinity_until_saturated reads every router key)"
-            )
+        router_config(self.policy, self.router)  # raises naming a wrong key or value
         self._check_topology()
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

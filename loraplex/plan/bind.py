@@ -20,8 +20,13 @@ def candidate_config(candidate: Candidate, base: Mapping[str, Any]) -> dict[str,
             f"merged_replicas {candidate.merged_replicas}: the simulator does not model merged "
             "replicas yet; sweep merged replicas 0 only"
         )
+    routed = dict(base)
+    if candidate.replicas < 2:
+        # NOTE: the router table (``--router``) is moot with one replica, as its routing policy
+        # is: nothing routes (``SimConfig`` refuses a table there)
+        routed.pop("router", None)
     return {
-        **base,
+        **routed,
         "replicas": candidate.replicas,
         "max_loras": candidate.max_loras,
         "cpu_adapter_bytes": candidate.cpu_adapter_bytes,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable, KeysView, Mapping
+from dataclasses import fields
 from itertools import compress
 from operator import is_not
 from typing import TypeAlias
@@ -52,6 +53,34 @@ def unread_router_keys(policy_name: str, keys: Iterable[str]) -> list[str]:
     if reads is None:
         return []
     return sorted(set(keys) - reads - ROUTER_READS)
+
+
+ROUTER_KEYS = sorted(f.name for f in fields(RouterConfig))
+
+
+def router_config(policy_name: str, overrides: object) -> RouterConfig:
+    """``RouterConfig`` with ``overrides`` (the fleet's ``router`` table, the simulator's
+    ``SimConfig.router``): a non-table, an unknown key, a value ``RouterConfig`` refuses, or a
+    key ``policy_name`` does not read is refused naming it (the fleet and the simulator refuse
+    the same table alike)."""
+    if not isinstance(overrides, Mapping):
+        raise ValueError(f"router {overrides!r} is invalid; expected a table of RouterConfig keys")
+    unknown = sorted(str(k) for k in overrides if k not in ROUTER_KEYS)
+    if unknown:
+        raise ValueError(f"router keys {unknown} are unknown; expected some of {ROUTER_KEYS}")
+    config = RouterConfig(**overrides)  # raises naming a wrong value
+    if policy_name not in _POLICIES:
+        raise ValueError(
+            f"routing policy {policy_name!r} is unknown; expected one of {policy_names()}"
+        )
+    unread = unread_router_keys(policy_name, overrides)
+    if unread:
+        raise ValueError(
+            f"router keys {unread} are not read by the routing policy {policy_name!r}; "
+            "expected them left out, or a policy that reads them "
+            "(affinity_until_saturated reads every router key)"
+        )
+    return config
 
 
 def follows_dedication(policy_name: str) -> bool:

@@ -21,7 +21,7 @@ from loraplex.residency.warm import (
 )
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
 from loraplex.router import policy_names as routing_names
-from loraplex.router.router import follows_dedication
+from loraplex.router.router import follows_dedication, router_config
 from loraplex.router.topology import TopologyConfig
 
 _AT_LEAST_ONE = (
@@ -84,6 +84,10 @@ class SimConfig:
     # ``FleetTopology`` dedicates a replica to a hot revision, which it runs merged
     # (``sim/fleet.py``); None: no dedication, as a fleet without the table
     topology: TopologyConfig | None = None
+    # The fleet's ``router`` table (``[fleet] router``: RouterConfig keys to override, e.g.
+    # ``max_queued``), refused as the fleet refuses it (``router.router_config``); read by the
+    # routed fleet only, so refused with one replica. Empty: RouterConfig's defaults
+    router: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in _AT_LEAST_ONE:
@@ -112,6 +116,7 @@ class SimConfig:
                 f"routing_policy {self.routing_policy!r} is invalid; expected one of "
                 f"{list(routing_names())}"
             )
+        self._check_router()
         if self.eviction_policy not in eviction_names():
             raise ValueError(
                 f"eviction_policy {self.eviction_policy!r} is invalid; expected one of "
@@ -139,6 +144,16 @@ class SimConfig:
             raise ValueError(
                 f"default_rank {self.default_rank} is invalid; expected <= max_lora_rank "
                 f"{self.max_lora_rank}"
+            )
+
+    def _check_router(self) -> None:
+        """The ``router`` table as the fleet checks it; with one replica nothing routes, so a
+        table there would be read by nothing and is refused."""
+        router_config(self.routing_policy, self.router)
+        if self.router and self.replicas < 2:
+            raise ValueError(
+                f"router is set with replicas {self.replicas}; expected replicas >= 2 (one "
+                "replica is never routed), or no router keys"
             )
 
     def _check_topology(self) -> None:

@@ -27,6 +27,7 @@ from loraplex.residency.cache import ResidencyChanges
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.router import ReplicaLoad, ReplicaReport, Residency, Router, RouteRequest
 from loraplex.router.memory import Entry
+from loraplex.router.router import router_config
 from loraplex.router.topology import FleetTopology
 from loraplex.sim.config import SimConfig
 from loraplex.sim.replica import SimReplica
@@ -40,7 +41,13 @@ class SimFleetRouter:
     def __init__(self, config: SimConfig, clock: ManualClock, replicas: Sequence[SimReplica]):
         self._clock = clock
         self._interval_s = config.report_interval_s
-        self.router = Router(config.routing_policy, clock=clock, rng=random.Random(config.seed))
+        policy = config.routing_policy
+        self.router = Router(
+            policy,
+            router_config(policy, config.router),  # ``SimConfig.router``: the fleet's table
+            clock=clock,
+            rng=random.Random(config.seed),
+        )
         self._replicas = {r.replica_id: r for r in replicas}
         self._reports: dict[str, ReplicaReport | None] = dict.fromkeys(self._replicas)
         self._evictions: dict[str, deque[tuple[float, int]]] = {r: deque() for r in self._replicas}

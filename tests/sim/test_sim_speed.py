@@ -99,12 +99,12 @@ from loraplex.sim.run import simulate
 from loraplex.sim.scale import synthetic_trace
 
 RECORDED = {
-    "zipf-single": "6d4adc1732afdcd622fa69ca7fd9777b7a60f8195910169355b280df65c75d33",
-    "hot-fleet": "b5aad993653e959bc38b0b72949bf7ae67b035b9455fe32bd5c7baa8cd3bacea",
-    "cold-scarce": "0a66663bc0aa9ff877afc26e87c7129048464f98bd1dc72c805319ff73613277",
-    "hot-classes-shared-cpu": "2933330e9b8d743b218bc1a6267f4e89587eb99592b5d75fe1945450457afe87",
-    "zipf-tight-kv": "6f92670f51db9400de28def0889820efcd7bcdc2158c0d64a87bda9391fffbb2",
-    "scale-8": "949a517bdf44e700fac5723b9b6fa806a36d3184cc3c355ef1eee6c6def49a1e",
+    "zipf-single": "d9c458f9094c54a4fe8757c3c0ee698b0e7e1e5a7e403a2626581ce78b075ee0",
+    "hot-fleet": "fd02feff8b2dacbb6a8a8135536f2740af6bd7f51e5ddd7247cb2edb794dab0a",
+    "cold-scarce": "d323d87f60f8ed2760a4838a85ffd9b7b4043ff739b0a95781a073320c7e7fb4",
+    "hot-classes-shared-cpu": "821b27e4558418db0aff10bdb79d4940034190804e50c2f925ef0b0555d12822",
+    "zipf-tight-kv": "29c7c0079a7a25f5136f2504d65d3bbcc237a79f8db36cd3573e34587a7c6632",
+    "scale-8": "1d98e48eb2f8bf6ded90f5167c23e630d3680ea2cd1801925efb3126cf83916d",
 }
 
 
