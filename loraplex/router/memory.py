@@ -35,6 +35,8 @@ class _Log:
     entries: deque[Entry] = field(default_factory=deque)
     num_tokens: int = 0
     per_key: dict[str, int] = field(default_factory=dict)
+    # each entry kept, counted (equal entries are one key): ``finish`` asks it in O(1)
+    kept: Counter[Entry] = field(default_factory=Counter)
     # entries whose request ended (``finish``): they still name their revision, as no load
     done: Counter[Entry] = field(default_factory=Counter)
     num_done: int = 0
@@ -55,7 +57,9 @@ class _Log:
 
     def finish(self, entry: Entry) -> None:
         """``entry`` (or one equal to it) stops counting as load, if it has not lapsed yet."""
-        if self.entries.count(entry) <= self.done[entry]:
+        # NOTE: ``self.entries.count(entry)`` scanned every decision kept for the replica (all
+        # of the last ``recent_ttl_s`` when its reports stop) at every request's end
+        if self.kept.get(entry, 0) <= self.done.get(entry, 0):
             return  # lapsed (a report newer than it came), or every equal one ended already
         self.done[entry] += 1
         self.num_done += 1
@@ -64,6 +68,11 @@ class _Log:
 
     def _uncount(self, entry: Entry) -> None:
         _, key, tokens = entry
+        kept = self.kept[entry] - 1
+        if kept:
+            self.kept[entry] = kept
+        else:
+            del self.kept[entry]
         ended = self.done.get(entry, 0)
         if ended:
             if ended == 1:
@@ -98,6 +107,7 @@ class DecisionMemory:
             log = self._logs[replica_id] = _Log()
         entry = (at_s, adapter_key, num_tokens)
         log.entries.append(entry)
+        log.kept[entry] += 1
         log.num_tokens += num_tokens
         log.pending = None
         if adapter_key is not None:
@@ -117,8 +127,7 @@ class DecisionMemory:
         revision (the replica loaded it) until it lapses. A no-op once it lapsed. NOTE: a
         request that ended before its replica's next report counted as waiting until then, so a
         tenant sending short requests back to back (each done in milliseconds) made replicas
-        look saturated that were all but idle (docs/benchmarks/attackfleet2.md). O(decisions
-        kept for the replica), as ``withdraw``."""
+        look saturated that were all but idle (docs/benchmarks/attackfleet2.md). O(1)."""
         log = self._logs.get(replica_id)
         if log is not None:
             log.finish(entry)

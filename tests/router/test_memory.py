@@ -43,3 +43,47 @@ def test_an_ended_decision_is_no_load_but_still_names_its_revision_until_it_laps
     memory.finish("a", short)  # lapsed: a no-op
     memory.finish("gone", short)
     assert memory.pending("a", None, 1.5) == NO_PENDING
+
+
+def test_random_records_ends_withdrawals_and_reports_keep_the_totals_of_a_recount() -> None:
+    """``finish`` asks a count kept beside the entries (it scanned them all): after any mix of
+    decisions, ends, withdrawals and lapses the totals equal a recount of what is kept."""
+    import random
+    from collections import Counter
+
+    rng = random.Random(0)
+    memory = DecisionMemory(ttl_s=5.0)
+    entries: list[tuple[float, str | None, int]] = []  # the reference: kept, in time order
+    ended: Counter[tuple[float, str | None, int]] = Counter()
+    report_s: float | None = None
+    for step in range(3000):
+        now = step * 0.01
+        op = rng.random()
+        if op < 0.4 or not entries:
+            # coarse times and few keys: equal entries are common
+            entry = (round(now, 1), rng.choice(["r1", "r2", None]), rng.choice([4, 8]))
+            assert memory.record("a", entry[1], entry[2], at_s=entry[0]) == entry
+            entries.append(entry)
+        elif op < 0.75:
+            entry = rng.choice(entries)
+            memory.finish("a", entry)
+            if entries.count(entry) > ended[entry]:
+                ended[entry] += 1
+        elif op < 0.9:
+            entry = rng.choice(entries)
+            memory.withdraw("a", entry)
+            entries.remove(entry)
+            if ended[entry]:
+                ended[entry] -= 1
+        else:
+            report_s = now - rng.random()
+        cutoff = max(now - 5.0, report_s if report_s is not None else -1.0)
+        while entries and entries[0][0] < cutoff:
+            gone = entries.pop(0)
+            if ended[gone]:
+                ended[gone] -= 1
+        got = memory.pending("a", report_s, now)
+        num_done = sum(ended.values())
+        tokens = sum(e[2] for e in entries) - sum(e[2] * n for e, n in ended.items())
+        keys = frozenset(e[1] for e in entries if e[1] is not None)
+        assert got == Pending(len(entries) - num_done, tokens, keys), step
