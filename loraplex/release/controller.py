@@ -34,7 +34,7 @@ from loraplex.registry import Registry
 from loraplex.release import compare, probes
 from loraplex.release.env import ReleaseEnv
 from loraplex.release.errors import ReleaseConflictError
-from loraplex.release.model import Release, ReleaseState, RevisionWindow
+from loraplex.release.model import MAX_PLAN_SECONDS, Release, ReleaseState, RevisionWindow
 from loraplex.release.store import ReleaseStore
 
 S = ReleaseState
@@ -286,6 +286,12 @@ class ReleaseController:
             self._pins.release(candidate, owner)
             self._settled.add(owner)
         hold_until = release.hold_until
+        longest = release.updated_at + MAX_PLAN_SECONDS
+        if hold_until is not None and not hold_until <= longest:
+            # NOTE: a release stored before ``MAX_PLAN_SECONDS`` (a ``window_s`` of ``inf`` or
+            # ``1e300``) held its baseline pinned for good: no hold outlives the longest window
+            # a plan may have now, counted from the release's last change
+            hold_until = longest
         if hold_until is not None and now < hold_until:
             if owner not in self._holding:
                 self._pins.hold(baseline, owner)

@@ -14,6 +14,7 @@ from loraplex.registry import AliasTarget, RegistrationRequest, Registry, Revisi
 from loraplex.release.controller import ReleaseController
 from loraplex.release.errors import ReleaseConflictError, ReleaseStartError
 from loraplex.release.model import (
+    MAX_PLAN_SECONDS,
     ProbeCase,
     Release,
     ReleasePlan,
@@ -104,6 +105,30 @@ def test_a_good_release_climbs_the_ladder_and_is_promoted(
         "release.canary",
         "release.promoted",
     ]
+
+
+@pytest.mark.parametrize("stored", [1e300, float("inf")])
+def test_a_hold_stored_before_the_plan_bounds_ends_after_the_longest_window(
+    registry: Registry, env: FakeEnv, clock: ManualClock, stored: float
+) -> None:
+    """A release stored before ``MAX_PLAN_SECONDS`` could carry a ``hold_until`` of 1e300 (its
+    ``window_s``), or worse: on main its baseline stayed pinned for good and the release stayed
+    in ``needing_work``. Now no hold outlives the longest window a plan may have now, from the
+    release's last change."""
+    store, controller = _to_canary(registry, env, clock)
+    promoted = store.promote("acme", "bot", actor="ops")
+    with registry.db.transaction() as tx:
+        tx.execute(
+            "UPDATE releases SET hold_until = ? WHERE release_id = ?",
+            (stored, promoted.release_id),
+        )
+    clock.advance(1.0)
+    controller.tick()
+    assert env.pinned == {"v1"}  # held, within the longest window
+    clock.advance(MAX_PLAN_SECONDS + 60.0)  # past the longest window after its last change
+    controller.tick()
+    assert env.pinned == set()
+    assert store.latest_release("acme", "bot").hold_until is None
 
 
 def test_the_old_revision_stays_held_for_the_window_then_is_unheld(
