@@ -74,10 +74,19 @@ def _step_text(measured: dict[str, Any], config: CalibrateConfig, decodes: int, 
     )
 
 
-def _shapes(target: Target) -> str:
-    """The measured adapters' shapes, e.g. ``ranks [8, 64] x 2 target sets (bytes per rank)``."""
+def _shapes(target: Target, sizes: dict[str, int]) -> str:
+    """The measured adapters' shapes, e.g. ``ranks [8, 64] x 2 target sets (bytes per rank)``;
+    ``sizes``: the bytes ``measure`` read for adapters ``target`` gives none of (``--url``).
+    NOTE: a remote server's adapters were sized on a copy of the target inside ``measure``, and
+    this read the unsized one: ``x 0 target sets`` under ``--url`` (newop4)."""
     ranks = sorted({a.rank for a in target.adapters})
-    widths = {a.size_bytes / a.rank for a in target.adapters if a.size_bytes > 0}
+    widths = set()
+    for adapter in target.adapters:
+        size = adapter.size_bytes if adapter.size_bytes > 0 else sizes.get(adapter.ref, 0)
+        if size > 0:
+            widths.add(size / adapter.rank)
+    if not widths:
+        return f"ranks {ranks} (their bytes not known: target sets not counted)"
     return f"ranks {ranks} x {len(widths)} target sets (bytes per rank)"
 
 
@@ -209,7 +218,7 @@ def cost_model_from(
         "date": when,
         "machine": f"{_cpu(machine['cpu'])}, {machine['cores']} cores, load "
         f"{machine['load_1m']} at the end, host {platform.node() or 'unknown'}",
-        "step": _step_text(measured, config, decodes, _shapes(target))
+        "step": _step_text(measured, config, decodes, _shapes(target, measured.get("sizes", {})))
         + _fit_text(fitted.fit, len(steps)),
         "front_s": "median latency of an authenticated GET /v1/models",
         "ipc_s": (

@@ -57,7 +57,11 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
     logged = _log_handoffs(target)
     # one per server (passes merge them)
     first = _first_requests(target, logged["log_lines"], loads)
-    return {"loads": loads, "cold": cold, "busy": busy, **steps, **logged, "first": [first]}
+    sizes = {a.ref: a.size_bytes for a in target.adapters}  # as read (``with_sizes``)
+    return {
+        "loads": loads, "cold": cold, "busy": busy, **steps, **logged, "first": [first],
+        "sizes": sizes,
+    }  # fmt: skip
 
 
 NOT_FRESH = (

@@ -81,6 +81,7 @@ def merged(measures: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out["hop_busy"] = [x for m in measures for x in m.get("hop_busy", [])]  # per server
     # each pass's fresh server's first request (calibration.measure): one fit per pass
     out["first"] = [fit for m in measures for fit in m.get("first", [])]
+    out["sizes"] = {ref: n for m in measures for ref, n in m.get("sizes", {}).items()}
     out["step_fit"] = fit_step(out["steps"])
     out["front_s"] = statistics.median(m["front_s"] for m in measures)
     out["handoffs"] = lease_handoffs(out["log_lines"]) if out["log_lines"] else None
