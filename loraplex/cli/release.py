@@ -34,6 +34,7 @@ from loraplex.cli.release_input import parse_duration, parse_ladder, read_probes
 from loraplex.cli.release_show import headline, release_dict, show_release
 from loraplex.registry.sql.paging import DEFAULT_PAGE
 from loraplex.release.model import ReleasePlan, Thresholds
+from loraplex.release.probes import unprobed_warning
 from loraplex.release.store import ReleaseStore
 
 AliasRef = Annotated[str, typer.Argument(help="tenant/name")]
@@ -120,7 +121,11 @@ def start(
             release = ReleaseStore(registry).start_release(
                 tenant, name, revision, plan, actor=acting(actor)
             )
+            candidate = registry.get_revision(release.candidate_ref)
         show_release(release, as_json)
+        warning = unprobed_warning(candidate, plan.probes)
+        if warning is not None:
+            typer.echo(f"warning: {warning}", err=True)
 
 
 def status(location: Location, alias: AliasRef, as_json: Json = False) -> None:

@@ -46,6 +46,23 @@ def probe_cases(revision: Revision, extra: tuple[ProbeCase, ...]) -> tuple[Probe
     return own + extra
 
 
+def unprobed_warning(revision: Revision, extra: tuple[ProbeCase, ...]) -> str | None:
+    """What ``release start`` says when ``probe_cases`` would be empty: probing then passes with
+    nothing run, and the first tenant traffic the candidate sees is the canary's. NOTE: a
+    revision uploaded without ``probe_prompt`` / ``expected_continuation`` (the README's own
+    adapter) went from ``probing`` to ``canary`` in silence, where the docs promise a release
+    only after an output probe passed."""
+    if extra or (revision.probe_prompt is not None and revision.expected_continuation is not None):
+        return None
+    return (
+        f"{revision.ref} has no output probe (it was registered without probe_prompt and "
+        "expected_continuation) and the plan adds none: probing runs nothing and the canary "
+        "starts on the server's first tick; give --probe-file (POST /admin/releases: probes) "
+        'with lines such as {"prompt": "...", "expected": "..."} or {"prompt": "...", '
+        '"differ_from_stable": true} to test its output first'
+    )
+
+
 def launch(
     env: ReleaseEnv,
     cases: tuple[ProbeCase, ...],

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from loraplex.release.model import Comparison, Release, RevisionWindow
+from loraplex.release.probes import unprobed_warning
 from loraplex.release.shown import shown
 from loraplex.release.store import ReleaseStore
 from loraplex.server.admin_models import PageDep, StartReleaseBody
@@ -101,7 +102,8 @@ def start_release(body: StartReleaseBody, deps: DepsDep) -> Any:
     release = _store(deps).start_release(
         body.tenant, body.name, body.revision, plan, actor=ADMIN_ACTOR
     )
-    return release_view(release)
+    warning = unprobed_warning(deps.registry.get_revision(release.candidate_ref), plan.probes)
+    return {**release_view(release), "warnings": [] if warning is None else [warning]}
 
 
 @router.get("")

@@ -43,3 +43,16 @@ def test_no_panel_shows_adapter_or_tenant_identities() -> None:
             assert not grouped & {"adapter", "revision", "tenant"}, (panel["title"], expr)
             assert "lora_requests_info" not in expr and "adapter_requests_total{" not in expr
             assert not re.search(r"\{\{\s*(adapter|revision|tenant)\s*\}\}", legend), legend
+
+
+def test_the_responses_panel_names_every_code_it_plots() -> None:
+    """The tenant-responses panel plots every ``code`` label (``metrics_status.code_label``:
+    429, 503 and the classes 2xx..5xx); its title said ``(429, 503)`` alone, so the 5xx series
+    ``LoraplexServerErrors`` alerts on read as absent from it (newop5)."""
+    [panel] = [
+        p
+        for p in _panels()
+        if any("loraplex_tenant_responses_total" in t["expr"] for t in p.get("targets", []))
+    ]
+    assert "code" in _GROUPING.findall(panel["targets"][0]["expr"])[0]
+    assert all(code in panel["title"] for code in ("2xx..5xx", "429", "503")), panel["title"]

@@ -379,3 +379,22 @@ def test_a_release_stored_before_the_bounds_is_shown_made_safe(  # type: ignore[
     assert "invalid\thold_until: 1e+300 is no date; shown as null" in out
     assert "holding v1 until no date (1e+300)" in out
     assert old.release_id in run("release", "list", "--all")
+
+
+def test_start_warns_when_no_probe_will_run(
+    registry: Registry, registry_config: RegistryConfig, base: BaseModelSpec, tmp_path: Path
+) -> None:
+    """v4 has no probe of its own: without --probe-file, probing runs nothing and the canary
+    starts at once; ``release start`` says so on stderr (it said nothing; newop5). v2 has one."""
+    adapter_dir = write_adapter(tmp_path / "bare", base, seed=7)
+    registry.register(RegistrationRequest(adapter_dir, "acme", "bot", "v4"), "ops")
+    location = ["--data-dir", str(registry_config.data_dir), "--database-url",
+                str(registry_config.database_url)]  # fmt: skip
+    bare = CliRunner().invoke(app, ["release", "start", "acme/bot", "v4", "--json", *location])
+    assert bare.exit_code == 0, bare.output
+    assert json.loads(bare.stdout)["candidate"] == "v4"  # stdout stays the record
+    assert "warning: acme/bot@v4 has no output probe" in bare.stderr
+    assert "--probe-file" in bare.stderr
+    CliRunner().invoke(app, ["release", "abort", "acme/bot", *location])
+    own = CliRunner().invoke(app, ["release", "start", "acme/bot", "v2", *location])
+    assert own.exit_code == 0 and own.stderr == ""

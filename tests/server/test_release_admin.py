@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.clock import ManualClock
 from loraplex.demo.assets import DemoAssets
-from loraplex.registry import Registry, RegistryConfig, open_registry
+from loraplex.registry import RegistrationRequest, Registry, RegistryConfig, open_registry
 from loraplex.release.controller import ReleaseController
 from loraplex.release.traffic import ReleaseTraffic
 from loraplex.serve.bootstrap import register_demo, sample_keys
@@ -280,3 +280,21 @@ def test_a_release_stored_before_the_bounds_breaks_no_page(plant: Plant) -> None
     assert [r["release_id"] for r in listing(finished="true", limit=1, after=ids[0])] == ids[1:2]
     status = plant.client.get("/admin/releases/acme/support", headers=ADMIN)
     assert status.status_code == 200 and status.json()["release_id"] == ids[2]
+
+
+def test_a_start_without_any_probe_says_so(plant: Plant, demo_assets: DemoAssets) -> None:
+    """A revision registered without probe_prompt / expected_continuation (the README's own
+    adapter) and a plan without probes: probing runs nothing, and the answer says so in
+    ``warnings``; it went to canary in silence (newop5)."""
+    billing = demo_assets.adapter("acme", "billing", "r1")
+    plant.registry.register(RegistrationRequest(billing.path, "acme", "support", "bare"), "test")
+    started = _start(plant, revision="bare")
+    assert started.status_code == 201, started.text
+    [warning] = started.json()["warnings"]
+    assert "acme/support@bare has no output probe" in warning and "probes" in warning
+    plant.client.post("/admin/releases/acme/support/abort", headers=ADMIN)
+    probed = _start(plant, revision="bare", probes=[{"prompt": "hi", "differ_from_stable": True}])
+    assert probed.status_code == 201 and probed.json()["warnings"] == []
+    plant.client.post("/admin/releases/acme/support/abort", headers=ADMIN)
+    own = _start(plant)  # r2 has its own probe
+    assert own.status_code == 201 and own.json()["warnings"] == []
