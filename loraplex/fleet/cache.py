@@ -12,6 +12,15 @@ cache: pinning twice and unpinning once lifts it.
 Reads answer from the board: ``summary`` sums the healthy replicas' summaries, ``is_resident``
 is true when any healthy replica holds the copy, ``snapshot`` lists every healthy replica's
 copies (one entry per copy: a revision on two replicas is listed twice).
+
+A replica the board still shows healthy but the request router no longer offers (it died: the
+board marks it stale only ``stale_after_s`` later) cannot answer; another replica takes its
+call and refuses it with ``ReplicaLeftError``. That replica is left out of the call's answer,
+as one already off the board is, and the standing state brings it in line if it comes back;
+the call fails only when every replica it went to had left.
+NOTE: before, that refusal failed the whole call: a tenant's settings, a pin or an eviction
+made within 3 s of a replica's death answered 503 to the operator although the registry and
+every live replica had it (docs/benchmarks/attackfleet3.md).
 """
 
 from __future__ import annotations
@@ -42,11 +51,11 @@ from loraplex.fleet.link import FleetLink
 from loraplex.fleet.report_cache import SEQ_KEY, DecodedReports
 from loraplex.fleet.standing import FleetStanding
 from loraplex.fleet.standing_restore import Restored
+from loraplex.fleet.wire import ReplicaLeftError
 from loraplex.residency.cache.view import CacheSummary, CopyHolds, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import CacheStatsSnapshot, StageSummary
 from loraplex.router.reports import MalformedReportError, ReplicaReport
-from loraplex.serve.release_env import all_of
 
 _log = logging.getLogger(__name__)
 SYNC_CALL_TIMEOUT_S = 30.0  # unpin / evict / snapshot wait this long for every replica
@@ -161,17 +170,51 @@ class FleetCache:
         return [e for e in self._link.entries() if e.healthy]
 
     def _wait(self, futures: dict[str, Future[Any]]) -> dict[str, Any]:
-        return {rid: f.result(SYNC_CALL_TIMEOUT_S) for rid, f in futures.items()}
+        """Each replica's answer; one that had left (``ReplicaLeftError``) is left out, unless
+        every one had."""
+        replies: dict[str, Any] = {}
+        left: ReplicaLeftError | None = None
+        for rid, future in futures.items():
+            try:
+                replies[rid] = future.result(SYNC_CALL_TIMEOUT_S)
+            except ReplicaLeftError as exc:
+                left = exc
+        if left is not None and not replies:
+            raise left
+        return replies
 
 
 def _all_or_unavailable(futures: list[Future[None]]) -> Future[None]:
-    """Done when every one of ``futures`` is; failed at once when there is none (no replica
-    is in rotation)."""
+    """Done when every one of ``futures`` is, one of a replica that had left
+    (``ReplicaLeftError``) counting as done; failed with the first other failure, and at once
+    when there is none (no replica is in rotation) or when every one had left."""
+    combined: Future[None] = Future()
     if not futures:
-        failed: Future[None] = Future()
-        failed.set_exception(EngineUnavailableError("no engine replica is in rotation"))
-        return failed
-    return all_of(futures)
+        combined.set_exception(EngineUnavailableError("no engine replica is in rotation"))
+        return combined
+    remaining = [len(futures)]
+    present = [0]
+    lock = threading.Lock()
+
+    def on_done(done: Future[None]) -> None:
+        error = done.exception()
+        with lock:
+            remaining[0] -= 1
+            if combined.done():
+                return
+            if error is not None and not isinstance(error, ReplicaLeftError):
+                combined.set_exception(error)
+                return
+            present[0] += error is None
+            if remaining[0] == 0:
+                if present[0]:
+                    combined.set_result(None)
+                else:  # every replica it went to had left
+                    combined.set_exception(error or EngineUnavailableError("no replica left"))
+
+    for future in futures:
+        future.add_done_callback(on_done)
+    return combined
 
 
 def sum_stats(stats: list[CacheStatsSnapshot]) -> CacheStatsSnapshot:

@@ -36,12 +36,11 @@ from ray.serve.handle import DeploymentHandle
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.transport.messages import CacheCommand
 from loraplex.engine.transport.packed_errors import pack_error
-from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.board import PUSH_INTERVAL_S, BoardEntry
 from loraplex.fleet.board_store import find_store, start_store
 from loraplex.fleet.routing import RANK_KEY
 from loraplex.fleet.settings import FleetSettings
-from loraplex.fleet.wire import Accepted, Failed, RouteHint
+from loraplex.fleet.wire import Accepted, Failed, ReplicaLeftError, RouteHint
 from loraplex.serve.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -125,7 +124,7 @@ class EngineDeploymentImpl:
         """A call meant for another replica (it left): refused, never run here."""
         if hint is None or hint.target is None or hint.target == self._replica.replica_id:
             return None
-        error = EngineUnavailableError(f"engine replica {hint.target} is not in rotation")
+        error = ReplicaLeftError(f"engine replica {hint.target} is not in rotation")
         return Failed(pack_error(error))
 
     async def record_routing_stats(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import CancelledError, Future
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -35,11 +36,14 @@ from loraplex.engine.transport.messages import (
     Unpin,
     UpdateTenants,
 )
+from loraplex.engine.transport.packed_errors import unpack_error
 from loraplex.errors import EngineUnavailableError, QueueFullError
 from loraplex.fleet import board as board_module
 from loraplex.fleet.board import FORGET_AFTER_S, STALE_AFTER_S, Board
 from loraplex.fleet.cache import FleetCache, merge_stages, sum_summaries
+from loraplex.fleet.deployments import EngineDeploymentImpl
 from loraplex.fleet.link import FleetLink
+from loraplex.fleet.wire import RouteHint
 from loraplex.residency.cache.view import CopyHolds, EntrySnapshot, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import StageSummary
@@ -218,6 +222,64 @@ def test_a_pin_fails_when_one_replica_fails(calls: FakeCalls, cache: FleetCache)
     with pytest.raises(QueueFullError):
         cache.prefetch(key(), Tier.L1).result(WAIT_S)
     assert _sent(calls, Prefetch(key(), Tier.L1)) == ["a", "b"]
+
+
+def _left(target: str) -> BaseException:
+    """The refusal a fleet's live replica answers for a call meant for ``target``, a replica the
+    ingress's request router no longer offers (``deployments``: its ``_misrouted``)."""
+    taker = SimpleNamespace(_replica=SimpleNamespace(replica_id="live"))
+    refused = EngineDeploymentImpl._misrouted(taker, RouteHint(target=target))  # type: ignore[arg-type]
+    assert refused is not None
+    return unpack_error(refused.error)
+
+
+def test_a_replica_that_died_before_the_board_marked_it_fails_no_fleet_wide_change(
+    calls: FakeCalls, cache: FleetCache
+) -> None:
+    """Ray Serve drops a dead replica from its router at once; the board shows it healthy
+    until its reports are ``stale_after_s`` old. A change made meanwhile is refused for it by
+    the replica that took its call: it is left out, and the live replicas' answer stands (on
+    main every change failed with 503 "engine replica b is not in rotation", though the live
+    replicas and the registry had it: docs/benchmarks/attackfleet3.md)."""
+
+    def reply(replica_id: str, command: CacheCommand) -> Any:
+        if replica_id == "b":
+            raise _left("b")
+        if isinstance(command, Unpin):
+            return Unpinned(True)
+        if isinstance(command, Snapshot):
+            return ResidencySnapshot((), summary().stats, 0, 0)
+        return isinstance(command, Evict) or None
+
+    calls.reply = reply
+    settings = {"acme": TenantSettings(max_running_seqs=3)}
+    cache.update_tenant_settings(settings)
+    assert cache.pin(key(), Tier.L1).result(WAIT_S) is None
+    assert cache.prefetch(key(), Tier.L1).result(WAIT_S) is None
+    assert cache.unpin(key(), Tier.L1) == Unpinned(True)
+    assert cache.evict(key(), Tier.L1) is True
+    cache.set_warm_policy(key(), WarmPolicy.GPU)
+    assert cache.snapshot().entries == ()
+    assert set(_sent(calls, UpdateTenants(settings))) == {"a", "b"}  # b again: the replays
+    # a replica that failed for another reason still fails the change
+    calls.reply = lambda rid, c: (_ for _ in ()).throw(QueueFullError("loads", 4, 1.0))
+    with pytest.raises(QueueFullError):
+        cache.prefetch(key(), Tier.L1).result(WAIT_S)
+
+
+def test_a_change_every_replica_of_which_had_left_still_fails(
+    calls: FakeCalls, cache: FleetCache
+) -> None:
+    def reply(replica_id: str, command: CacheCommand) -> Any:
+        raise _left(replica_id)
+
+    calls.reply = reply
+    with pytest.raises(EngineUnavailableError, match="not in rotation"):
+        cache.pin(key(), Tier.L1).result(WAIT_S)
+    with pytest.raises(EngineUnavailableError, match="not in rotation"):
+        cache.update_tenant_settings({"acme": TenantSettings(weight=2.0)})
+    with pytest.raises(EngineUnavailableError, match="not in rotation"):
+        cache.evict(key(), Tier.L1)
 
 
 def test_unpin_evict_and_warm_policies_reach_every_healthy_replica(
