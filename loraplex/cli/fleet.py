@@ -33,6 +33,7 @@ from loraplex.cli.serve_options import (
     bad_parameter,
 )
 from loraplex.cli.serve_start import check_fds, say_demo_generation, say_how_to_get_a_tenant_key
+from loraplex.cli.vllm_flags import VllmAwareCommand
 from loraplex.fleet.settings import FLEET_KEYS
 from loraplex.registry import default_data_dir
 from loraplex.serve.logs import configure_logging
@@ -115,7 +116,7 @@ def default_threads_per_replica(replicas: int, num_cores: int | None) -> int:
     return max(1, (num_cores or 1) // replicas)
 
 
-@fleet_app.command("up")
+@fleet_app.command("up", cls=VllmAwareCommand)
 def up_command(
     *,
     config: Annotated[

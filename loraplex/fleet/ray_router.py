@@ -124,6 +124,7 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             withdrawn = latest()
             if withdrawn is not None:
                 self._router.withdraw(withdrawn)
+            self._first_tries.end(pending)  # a late backoff ask marks nothing again
 
         def undo() -> None:
             with self._lock:
@@ -183,7 +184,12 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
                 self._router.dedication = self._topology.update(named)
             replaces = None if first_call else self._first_tries.mark(pending_request)
             decision = self._router.choose(request, named, replaces=replaces)
-            self._first_tries.remember(pending_request, self._router.last_mark)
+            mark = self._router.last_mark
+            if mark is not None and self._first_tries.ended(pending_request):
+                # NOTE: Ray asks once more after its backoff sleep before it sees the call
+                # cancelled; ranked, but not pending anywhere (its undo ran already)
+                self._router.withdraw(mark)
+            self._first_tries.remember(pending_request, mark)
             if first_try:
                 self._unadmitted(args[0], pending_request, entry, self._router.last_mark)
             ranked = [offered[self._names.ids[name]] for name in decision.ranked]

@@ -180,11 +180,15 @@ class FirstTries:
     which a tenant's waiting requests weighed as many requests as they had backoffs), as a
     decision (``ROUTING_LOG``) and as pending on the replica chosen that time (each looked
     busier until its next report). A call without an id (a test's) is always a first try; one
-    waiting past ``MAX_CALLS_REMEMBERED`` newer calls counts again."""
+    waiting past ``MAX_CALLS_REMEMBERED`` newer calls counts again. A call ``end`` saw withdrawn
+    keeps no mark: Ray asks once more after its backoff sleep before it looks whether the call
+    was cancelled, and that ask marked the call pending again, with no undo left to take it back.
+    """
 
     def __init__(self, max_remembered: int = MAX_CALLS_REMEMBERED) -> None:
         self._max = max_remembered
-        self._seen: OrderedDict[str, Any] = OrderedDict()  # call id -> its last mark (or None)
+        # call id -> its last mark (None: none yet; ``_ENDED``: withdrawn)
+        self._seen: OrderedDict[str, Any] = OrderedDict()
 
     def first(self, pending: Any) -> bool:
         call_id = _call_id(pending)
@@ -199,14 +203,29 @@ class FirstTries:
         return True
 
     def mark(self, pending: Any) -> Any:
-        """The call's last choice's mark (None: none kept); ``first`` must have seen it."""
+        """The call's last choice's mark (None: none kept, or it ended); ``first`` must have
+        seen it."""
         call_id = _call_id(pending)
-        return None if call_id is None else self._seen.get(call_id)
+        mark = None if call_id is None else self._seen.get(call_id)
+        return None if mark is _ENDED else mark
 
     def remember(self, pending: Any, mark: Any) -> None:
         call_id = _call_id(pending)
-        if call_id is not None and call_id in self._seen:
+        if call_id is not None and self._seen.get(call_id, _ENDED) is not _ENDED:
             self._seen[call_id] = mark
+
+    def end(self, pending: Any) -> None:
+        """The call was withdrawn (no replica took work for it): a later ask keeps no mark."""
+        call_id = _call_id(pending)
+        if call_id is not None and call_id in self._seen:
+            self._seen[call_id] = _ENDED
+
+    def ended(self, pending: Any) -> bool:
+        call_id = _call_id(pending)
+        return call_id is not None and self._seen.get(call_id) is _ENDED
+
+
+_ENDED = object()  # ``FirstTries``: a withdrawn call's place for its mark
 
 
 def has_call_id(pending: Any) -> bool:

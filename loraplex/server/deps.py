@@ -172,6 +172,7 @@ class ServerDeps:
             self.cache,
             releases=self.releases,
             recent=recent,
+            model_name=self.config.base_model_name,
             max_adapter_labels=self.config.max_adapter_labels,
             traffic=TrafficTally(self.history.max_tracked_revisions, self.history.top_revisions),
             request_log=(

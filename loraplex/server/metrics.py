@@ -14,7 +14,8 @@ Two families:
   is what the latency paid for; until the engine says so it is the arrival-time guess.
 - the vLLM-compatible family the Gateway API Inference Extension / llm-d endpoint picker scrapes:
   ``vllm:num_requests_waiting``, ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``
-  (0-1) and ``vllm:lora_requests_info{max_lora,running_lora_adapters,waiting_lora_adapters}``
+  (0-1), each labelled ``model_name`` (the served base model's name, as vLLM labels them), and
+  ``vllm:lora_requests_info{max_lora,running_lora_adapters,waiting_lora_adapters}``
   whose value is the current Unix time. Adapters appear there as ``tenant/name`` (a ``model``
   string any gateway can send), comma-separated, sorted; as vLLM means them, an adapter is
   listed as running while a request of it runs (prefills or decodes, not paused) and as waiting
@@ -95,6 +96,7 @@ class ServerMetrics:
         *,
         releases: ReleaseTraffic,
         recent: RecentRequests,
+        model_name: str,
         max_adapter_labels: int = DEFAULT_MAX_NAMED,
         traffic: TrafficTally | None = None,
         request_log: RequestLog | None = None,
@@ -107,7 +109,9 @@ class ServerMetrics:
         self.recent = recent  # (tenant, response id) -> revision (client feedback)
         self.adapter_labels = AdapterLabels(max_adapter_labels)  # adapters named in labels
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(EngineCollector(engine, wall_clock, self.adapter_labels))
+        # the served base model's name: vLLM's ``model_name`` label of the ``vllm:`` gauges
+        engine_family = EngineCollector(engine, wall_clock, model_name, self.adapter_labels)
+        self.registry.register(engine_family)
         self.registry.register(AdapterRequestsCollector(self.adapter_labels))
         self.registry.register(HealthCollector(engine))
         self.registry.register(ModeCollector(engine))

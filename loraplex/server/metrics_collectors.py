@@ -42,17 +42,28 @@ def lora_info_labels(load: EngineLoad, names: AdapterLabels) -> tuple[str, str, 
     return str(load.max_loras), ",".join(running), ",".join(waiting)
 
 
+def _model_gauge(name: str, documentation: str, model_name: str, value: float) -> Metric:
+    gauge = GaugeMetricFamily(name, documentation, labels=("model_name",))
+    gauge.add_metric((model_name,), value)
+    return gauge
+
+
 class EngineCollector(Collector):
-    """The endpoint-picker family from ``engine.load_snapshot()`` at scrape time."""
+    """The endpoint-picker family from ``engine.load_snapshot()`` at scrape time. The three
+    gauges carry vLLM's ``model_name`` label (the served base model's name), as vLLM's do, so a
+    vLLM dashboard's ``{model_name="..."}`` filter finds them; ``vllm:lora_requests_info`` has
+    none in vLLM either (its labels are the three below)."""
 
     def __init__(
         self,
         engine: EngineClient,
         wall_clock: Callable[[], float],
+        model_name: str,
         names: AdapterLabels | None = None,
     ) -> None:
         self._engine = engine
         self._wall_clock = wall_clock
+        self._model_name = model_name
         self._names = names or AdapterLabels()
 
     def collect(self) -> Iterator[Metric]:
@@ -60,16 +71,21 @@ class EngineCollector(Collector):
             load = self._engine.load_snapshot()
         except EngineUnavailableError:  # down: an idle-looking replica would attract traffic
             return
-        yield GaugeMetricFamily(
+        model = self._model_name
+        yield _model_gauge(
             "vllm:num_requests_waiting",
             "Requests queued, including those waiting for their adapter to load.",
-            value=load.num_waiting + load.num_adapter_wait,
+            model,
+            load.num_waiting + load.num_adapter_wait,
         )
-        yield GaugeMetricFamily(
-            "vllm:num_requests_running", "Requests prefilling or decoding.", value=load.num_running
+        yield _model_gauge(
+            "vllm:num_requests_running", "Requests prefilling or decoding.", model, load.num_running
         )
-        yield GaugeMetricFamily(
-            "vllm:kv_cache_usage_perc", "Fraction (0-1) of KV-cache blocks in use.", load.kv_usage
+        yield _model_gauge(
+            "vllm:kv_cache_usage_perc",
+            "Fraction (0-1) of KV-cache blocks in use.",
+            model,
+            load.kv_usage,
         )
         info = GaugeMetricFamily(
             "vllm:lora_requests_info",

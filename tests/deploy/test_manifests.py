@@ -193,11 +193,12 @@ class _Engine:
 def test_the_endpoint_picker_reads_metrics_loraplex_exports() -> None:
     found = docs(SPECS["default"])
     args = container(one(found, "Deployment", "endpoint-picker"))["args"]
-    exported = {m.name for m in EngineCollector(_Engine(), lambda: 0.0).collect()}  # type: ignore[arg-type]
+    collector = EngineCollector(_Engine(), lambda: 0.0, "base")  # type: ignore[arg-type]
+    exported = {m.name for m in collector.collect()}
     for flag, metric in EPP_METRIC_FLAGS.items():
         assert args[args.index(f"--{flag}") + 1] == metric
         assert metric in exported, metric
-    info = [m for m in EngineCollector(_Engine(), lambda: 0.0).collect() if "lora" in m.name]  # type: ignore[arg-type]
+    info = [m for m in collector.collect() if "lora" in m.name]
     assert set(info[0].samples[0].labels) == {
         "max_lora",
         "running_lora_adapters",

@@ -167,3 +167,17 @@ def test_a_restart_says_where_the_keys_are_as_serve_does(
     assert (
         f"`loraplex keys create TENANT --data-dir {tmp_path / 'data'}` makes one" in result.output
     )
+
+
+def test_fewer_cpu_loras_than_gpu_slots_is_refused_before_keys_are_issued(
+    tmp_path: Path, recorder: Recorder
+) -> None:
+    """vLLM's rule, as ``serve`` applies it: ``max_cpu_loras`` (a ``[serve]`` key here) below
+    ``--max-loras`` was taken."""
+    path = tmp_path / "fleet.toml"
+    path.write_text("[serve]\nmax_cpu_loras = 2\n", encoding="utf-8")
+    result = _up(tmp_path / "data", "--config", str(path), "--max-loras", "4")
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.replace("│", " ").split())
+    assert "max_cpu_loras 2 is invalid with max_loras 4" in said, result.output
+    assert recorder.prepared == [] and recorder.started == []

@@ -510,6 +510,11 @@ def test_a_request_that_ends_before_its_first_token_is_no_longer_a_replicas_pend
 def test_a_withdrawn_call_is_forgotten_where_its_last_backoff_ask_sent_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """And a backoff ask after the withdrawal marks it pending nowhere: Ray Serve asks again
+    after its backoff sleep before it looks whether the call was cancelled
+    (``_choose_replicas_with_backoff`` asks, then ``_fulfill_pending_requests`` checks
+    ``future.done()``), and that ask marked the call pending again on the replica it chose, with
+    no undo left (until that replica's next report). The late ask is still ranked."""
     unadmitted = Unadmitted()
     monkeypatch.setattr("loraplex.fleet.routing.UNADMITTED", unadmitted)
     router = _router(policy="pow2", seed=0, clock=ManualClock())
@@ -519,6 +524,10 @@ def test_a_withdrawn_call_is_forgotten_where_its_last_backoff_ask_sent_it(
     chosen = [_choose(router, replicas, waiting)[0] for _ in range(4)]  # a try and 3 backoffs
     assert len(set(chosen)) > 1  # seeded: the asks moved it
     unadmitted.withdraw("acme", "w")  # cancelled while it waited
+    views = router._router.view(dict.fromkeys(("a", "b", "c")))
+    assert sum(v.pending.num_requests for v in views) == 0
+    for _ in range(3):  # Ray's late asks, before it sees the call cancelled
+        assert sorted(_choose(router, replicas, waiting)) == ["a", "b", "c"]
     views = router._router.view(dict.fromkeys(("a", "b", "c")))
     assert sum(v.pending.num_requests for v in views) == 0
 

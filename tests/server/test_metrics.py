@@ -41,6 +41,12 @@ def test_endpoint_picker_family(rig: Rig, demo_assets: DemoAssets) -> None:
     assert metrics["vllm:num_requests_running"][0].value == 2
     usage = metrics["vllm:kv_cache_usage_perc"][0].value
     assert 0.0 <= usage <= 1.0 and usage == 0.25
+    # vLLM's model_name label (the served model's name), on the series vLLM labels with it:
+    # a vLLM dashboard's {model_name="..."} filter found none of them
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running"):
+        (sample,) = metrics[name]
+        assert sample.labels == {"model_name": BASE_NAME}, name
+    assert metrics["vllm:kv_cache_usage_perc"][0].labels == {"model_name": BASE_NAME}
     (info,) = metrics["vllm:lora_requests_info"]
     assert set(info.labels) == {"max_lora", "running_lora_adapters", "waiting_lora_adapters"}
     assert info.labels["max_lora"] == "4"
@@ -146,6 +152,7 @@ def test_labels_stay_bounded(rig: Rig, demo_assets: DemoAssets) -> None:
             rig.client.post("/v1/completions", json=body, headers=rig.headers("acme"))
     allowed = {"tier", "stage", "cold", "priority_class", "outcome", "state", "le", "quantile"}
     allowed.add("code")  # 429, 503 or a status class (metrics_status.code_label)
+    allowed.add("model_name")  # the one served base model's name (vLLM's label)
     for name, samples in _scrape(rig).items():
         if name in ("vllm:lora_requests_info", "adapter_requests"):
             continue  # adapter names, at most max_adapter_labels of them: test_adapter_labels

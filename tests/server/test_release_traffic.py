@@ -301,7 +301,9 @@ def test_expired_entries_of_idle_tenants_never_push_out_live_ones() -> None:
 def test_observation_feeds_the_window_with_its_verdict() -> None:
     clock = ManualClock()
     traffic = _traffic(clock)
-    metrics = ServerMetrics(FakeEngine(), None, releases=traffic, recent=RecentRequests(clock))
+    metrics = ServerMetrics(
+        FakeEngine(), None, releases=traffic, recent=RecentRequests(clock), model_name="base"
+    )
     shed = metrics.start_request("normal", False, 0.0, revision=CAND, tenant="acme")
     shed.fail(QueueFullError("queue", 4, 1.0))
     shed.finish("error")

@@ -116,7 +116,7 @@ def test_byte_budgets(demo_assets: DemoAssets, tmp_path: Path) -> None:
         ServeConfig(data_dir=tmp_path, max_lora_rank=8, gpu_adapter_bytes=slot - 1).gpu_slots(base)
     assert config.cpu_bytes(base) == DEFAULT_CPU_ADAPTER_BYTES
     assert (
-        ServeConfig(data_dir=tmp_path, max_lora_rank=8, max_cpu_loras=5).cpu_bytes(base) == 5 * slot
+        ServeConfig(data_dir=tmp_path, max_lora_rank=8, max_cpu_loras=9).cpu_bytes(base) == 9 * slot
     )
     assert ServeConfig(data_dir=tmp_path, cpu_adapter_bytes=1234).cpu_bytes(base) == 1234
 

@@ -41,9 +41,9 @@ def test_a_value_of_the_wrong_type_names_its_key_and_type(
 
 
 def test_whole_seconds_and_optional_values_are_accepted(tmp_path: Path) -> None:
-    path = _file(tmp_path, "queue_deadline_s = 30\nmax_cpu_loras = 4\nadmin_port = 9001")
+    path = _file(tmp_path, "queue_deadline_s = 30\nmax_cpu_loras = 12\nadmin_port = 9001")
     config = merge(read_config_file(path), {})
-    assert (config.queue_deadline_s, config.max_cpu_loras, config.admin_port) == (30, 4, 9001)
+    assert (config.queue_deadline_s, config.max_cpu_loras, config.admin_port) == (30, 12, 9001)
 
 
 def test_serve_reports_a_wrongly_typed_key_without_a_traceback(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def _parsed(args: list[str]) -> ServeConfig:
         ({"trace_slow_s": 3.0}, "trace_slow_s 3.0 is set while trace_endpoint is unset"),
         ({"trace_export_names": True}, "trace_export_names true is set while trace_endpoint is "
          "unset"),
-        ({"max_cpu_loras": 4, "cpu_adapter_bytes": 1 << 20}, "max_cpu_loras 4 is set beside "
+        ({"max_cpu_loras": 8, "cpu_adapter_bytes": 1 << 20}, "max_cpu_loras 8 is set beside "
          "cpu_adapter_bytes 1048576; expected one of them"),
         ({"stream_pause_bytes": 256 << 10, "max_stream_resumes": 3}, "max_stream_resumes 3 is "
          "set while stream_pause_bytes 262144 >= max_stream_buffer_bytes 262144 \\(no stream is "
@@ -87,7 +87,7 @@ def test_a_key_nothing_reads_is_refused_naming_it(
         {"max_auto_gpu_slots": 1, "auto_warm_interval_s": 2.5},
         {"trace_endpoint": URL, "trace_sample_ratio": 0.5, "trace_slow_s": 3.0},
         {"trace_endpoint": URL, "trace_export_names": True},
-        {"max_cpu_loras": 4},
+        {"max_cpu_loras": 8},
         {"cpu_adapter_bytes": 1 << 20},
         {"stream_pause_bytes": 1 << 20},  # pausing off (the overflow abort alone bounds)
         {"stream_pause_bytes": 16 << 10, "max_stream_resumes": 3, "max_paused_kv_fraction": 0.5},

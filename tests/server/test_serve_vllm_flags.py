@@ -99,3 +99,23 @@ def test_a_vllm_flag_as_a_config_key_is_named_as_vllms(tmp_path: Path) -> None:
     text = " ".join(result.output.split())
     assert "enable_lora: vLLM's --enable-lora, which loraplex serve does not take" in text, text
     assert "did you mean max_loras" not in text  # click-like near name: it misled
+
+
+CPU_LORAS_REFUSED = "max_cpu_loras 2 is invalid with max_loras 4; expected >= max_loras (4)"
+
+
+@pytest.mark.parametrize("where", ["flags", "file"])
+def test_fewer_cpu_loras_than_gpu_slots_is_refused_as_vllm_refuses_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, where: str
+) -> None:
+    """vLLM: ``max_cpu_loras must be >= max_loras``; it was taken (and started)."""
+    taken = _capture(monkeypatch)
+    args = ["serve", "--data-dir", str(tmp_path), "--max-loras", "4", "--max-cpu-loras", "2"]
+    if where == "file":
+        path = tmp_path / "serve.toml"
+        path.write_text("[serve]\nmax_loras = 4\nmax_cpu_loras = 2\n", encoding="utf-8")
+        args = ["serve", "--data-dir", str(tmp_path), "--config", str(path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert not taken  # nothing started
+    assert CPU_LORAS_REFUSED in " ".join(result.output.replace("│", " ").split()), result.output

@@ -125,7 +125,7 @@ def _metrics() -> Any:
 
     clock = ManualClock()
     return ServerMetrics(FakeEngine(), None, releases=ReleaseTraffic(clock, tuple),
-                         recent=RecentRequests(clock))  # fmt: skip
+                         recent=RecentRequests(clock), model_name="base")  # fmt: skip
 
 
 def _outcomes(metrics: Any) -> dict[str, float]:

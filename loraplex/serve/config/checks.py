@@ -137,6 +137,17 @@ def check_auto_gpu_slots(auto_gpu: int | None, max_loras: int) -> None:
         )
 
 
+def check_cpu_loras(max_cpu_loras: int | None, max_loras: int) -> None:
+    """vLLM's rule (``max_cpu_loras must be >= max_loras``): a host tier of fewer max-rank
+    adapters than GPU slots was taken here, where vLLM refuses the same command line."""
+    if max_cpu_loras is not None and max_cpu_loras < max_loras:
+        raise ValueError(
+            f"max_cpu_loras {max_cpu_loras} is invalid with max_loras {max_loras}; expected "
+            f">= max_loras ({max_loras}), as vLLM requires, or unset (cpu_adapter_bytes sizes "
+            "the CPU tier in bytes)"
+        )
+
+
 def check_step_limits(
     step_work_ratio: float, paused_kv_fraction: float, tokens: int | None, max_num_seqs: int
 ) -> None:

@@ -47,6 +47,7 @@ from loraplex.residency.warm import (
 from loraplex.serve.config.checks import (
     check_auto_gpu_slots,
     check_connection_caps,
+    check_cpu_loras,
     check_engine_watch,
     check_listeners,
     check_non_negative,
@@ -268,6 +269,7 @@ class ServeConfig:
             self.engine_process, self.engine_hung_kill_after_s, self.engine_unresponsive_after_s
         )
         check_auto_gpu_slots(self.max_auto_gpu_slots, self.max_loras)
+        check_cpu_loras(self.max_cpu_loras, self.max_loras)
         check_step_limits(
             self.step_work_ratio,
             self.max_paused_kv_fraction,

@@ -129,7 +129,7 @@ async def main() -> None:
         await task
         res = (await client.get("/admin/residency", headers=admin)).json()
     merged_in = Counter(s["state"] for s in samples if s["merged"])
-    print(
+    sys.stdout.write(
         json.dumps(
             {
                 "name": "probe-merge",
@@ -149,6 +149,7 @@ async def main() -> None:
                 "mode_at_end": res.get("mode") if isinstance(res, dict) else None,
             }
         )
+        + "\n"
     )
 
 
