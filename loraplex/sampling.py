@@ -43,18 +43,19 @@ DEFAULT_MAX_TOKENS = 16
 
 
 def check_prompt_room(
-    num_prompt_tokens: int, max_model_len: int, which: str = "the prompt"
+    num_prompt_tokens: int, max_model_len: int, which: str = "the prompt", param: str = "prompt"
 ) -> None:
     """A prompt of ``max_model_len`` tokens or more leaves no room for a token after it: a
-    ``ContextLengthError`` naming ``prompt`` (``which``: how the message names it, e.g.
-    "prompt 2" in a batch). The server refuses it before it is queued (``server/prompts.py``,
-    ``server/prompt_bounds.py``), and so does the simulator (``sim/refusal.py``)."""
+    ``ContextLengthError`` naming ``param`` (chat's: ``messages``; ``which``: how the message
+    names it, e.g. "prompt 2" in a batch). The server refuses it before it is queued
+    (``server/prompts.py``, ``server/prompt_bounds.py``), and so does the simulator
+    (``sim/refusal.py``)."""
     if num_prompt_tokens >= max_model_len:
         raise ContextLengthError(
             f"this model's maximum context length is {max_model_len} tokens; {which} has "
             f"{num_prompt_tokens} token ids (at most {max_model_len - 1}, so that one token can "
             "follow); reduce the prompt",
-            "prompt",
+            param,
         )
 
 

@@ -225,16 +225,19 @@ class OutputTracker:
     def _finish(
         self, text: str, before: str, token: int, at_limit: bool
     ) -> tuple[str | None, str, str | int | None]:
-        """(finish reason, final text, stop reason) as vLLM: a stop token id (its text kept only
-        with ``include_stop_str_in_output``) or EOS ends first, else a stop string."""
+        """(finish reason, final text, stop reason) as vLLM's ``check_stop``: EOS (stop reason
+        None, even when ``stop_token_ids`` lists it) or a stop token id (its text kept only with
+        ``include_stop_str_in_output``) ends first, else a stop string. NOTE: the stop token ids
+        were tested first, so EOS listed in them answered ``stop_reason`` 2 where vLLM answers
+        null (docs/benchmarks/vllmdiff.md)."""
         params = self.params
         if len(self.token_ids) >= params.min_tokens:
+            if token in self._eos and not params.ignore_eos:
+                return FINISH_STOP, text, None
             if token in params.stop_token_ids:
                 if params.include_stop_str_in_output:
                     return FINISH_STOP, text, token
                 return FINISH_STOP, before, token
-            if token in self._eos and not params.ignore_eos:
-                return FINISH_STOP, text, None
             match = self._stop_match(text)
             if match is not None:
                 start, stop = match

@@ -102,12 +102,12 @@ def _prompts(raw: object) -> Iterator[tuple[int | None, str | list[Any]]]:
             yield index, item
 
 
-def check_context(index: int | None, num_ids: int, max_len: int) -> None:
+def check_context(index: int | None, num_ids: int, max_len: int, param: str = "prompt") -> None:
     """The 400 of a prompt (``index`` in a batch, None: the only one) of ``num_ids`` ids that
-    leaves no room for a token in a context of ``max_len``: ``sampling.check_prompt_room``, the
-    rule the simulator applies too."""
+    leaves no room for a token in a context of ``max_len``, naming ``param`` (chat:
+    ``messages``): ``sampling.check_prompt_room``, the rule the simulator applies too."""
     which = "the prompt" if index is None else f"prompt {index}"
     try:
-        check_prompt_room(num_ids, max_len, which)
+        check_prompt_room(num_ids, max_len, which, param)
     except ContextLengthError as exc:
         raise context_error(exc) from None

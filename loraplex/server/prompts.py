@@ -76,11 +76,21 @@ def echoes(
 
 def chat_encoder(deps: ServerDeps, body: ChatCompletionRequest) -> Callable[[], list[list[int]]]:
     """Checks the conversation's characters now; returns the rendering and tokenizing, run once
-    the model is resolved."""
+    the model is resolved, which refuses a rendered prompt that leaves no room in the context
+    (as a text prompt's). NOTE: without that check an explicit ``max_tokens`` was checked
+    first, so the 400 named ``max_tokens`` for a conversation too long by itself."""
     template = deps.chat
     if template is None:
         raise invalid_request("the served model has no chat template; use /v1/completions")
     messages = [ChatMessage(m.role, m.text(), m.name) for m in body.messages]
     check_prompt_chars(num_prompt_chars(messages), deps.config.max_prompt_chars, "messages")
     tokenizer = deps.engine.tokenizer
-    return lambda: [template.encode(messages, tokenizer, body.reasoning_effort)]
+    max_len = deps.config.max_model_len
+
+    def encode() -> list[list[int]]:
+        ids = template.encode(messages, tokenizer, body.reasoning_effort)
+        if max_len is not None:
+            check_context(None, len(ids), max_len, "messages")
+        return [ids]
+
+    return encode

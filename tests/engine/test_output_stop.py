@@ -74,3 +74,12 @@ def test_eos_and_length_have_no_stop_reason() -> None:
     assert (streamed, last.finish_reason, last.stop_reason) == ("ab", FINISH_STOP, None)
     streamed, last = run("abc", max_tokens=2)
     assert (streamed, last.finish_reason, last.stop_reason) == ("ab", FINISH_LENGTH, None)
+
+
+def test_eos_listed_in_stop_token_ids_ends_with_a_null_stop_reason_as_vllm() -> None:
+    # vLLM's check_stop tests EOS before stop_token_ids: EOS is never a stop reason
+    streamed, last = run("ab$c", max_tokens=10, stop_token_ids=(EOS, ord("X")))
+    assert (streamed, last.finish_reason, last.stop_reason) == ("ab", FINISH_STOP, None)
+    # with ignore_eos, EOS is an ordinary token: listed, it is the stop reason
+    streamed, last = run("ab$c", max_tokens=10, stop_token_ids=(EOS,), ignore_eos=True)
+    assert (streamed, last.finish_reason, last.stop_reason) == ("ab", FINISH_STOP, EOS)

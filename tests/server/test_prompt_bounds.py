@@ -195,3 +195,34 @@ def test_a_batch_stops_tokenizing_at_its_first_text_prompt_that_cannot_fit(
     assert encoded == [4, MAX_MODEL_LEN] and counted.engine.requests == []
     error = _error(counted.post(prompt=long))
     assert f"the prompt has {MAX_MODEL_LEN + 1} token ids" in error["message"]
+
+
+def test_a_conversation_too_long_by_itself_is_a_400_naming_messages_not_max_tokens(
+    counted: Counted,
+) -> None:
+    """A rendered conversation that leaves no room in the context is refused as a text prompt
+    is, naming ``messages``: with an explicit ``max_tokens`` the 400 named ``max_tokens`` and
+    said to reduce it, where no ``max_tokens`` could help (vLLM names the prompt's tokens;
+    docs/benchmarks/vllmdiff.md)."""
+    auth = {"Authorization": f"Bearer {counted.served.keys['acme']}"}
+    long = [{"role": "user", "content": "x" * MAX_MODEL_LEN}]  # far past the context
+    for extra in ({"max_tokens": 4}, {"max_completion_tokens": 4}, {}):
+        body = {"model": "support", "messages": long, **extra}
+        error = _error(counted.client.post("/v1/chat/completions", json=body, headers=auth))
+        assert (error["code"], error["param"]) == ("context_length_exceeded", "messages"), extra
+        assert "reduce the prompt" in error["message"]
+    assert counted.engine.requests == []
+    short = [{"role": "user", "content": "hi"}]
+    body = {"model": "support", "messages": short, "max_tokens": MAX_MODEL_LEN}
+    error = _error(counted.client.post("/v1/chat/completions", json=body, headers=auth))
+    assert error["param"] == "max_tokens"  # a prompt that fits: the output budget is too large
+
+
+def test_an_empty_text_prompt_is_served_as_bos_alone(counted: Counted) -> None:
+    """``prompt: ""`` is the tokenizer's BOS alone, as OpenAI serves an empty prompt (vLLM
+    0.32.0 answers a 400; docs/migrating-from-vllm.md); an empty batch is a 400."""
+    reply = counted.post(prompt="", max_tokens=1)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["prompt_tokens"] == 1
+    assert len(counted.engine.requests[-1].prompt_token_ids) == 1
+    assert _error(counted.post(prompt=[]))["param"] == "prompt"

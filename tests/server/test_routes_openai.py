@@ -128,9 +128,11 @@ def test_chat_prompt_is_the_rendered_template(rig: Rig) -> None:
     assert response.status_code == 200
     body = response.json()
     assert body["object"] == "chat.completion"
+    # refusal: required (null) in OpenAI's response message, sent by vLLM; it was left out
     assert body["choices"][0]["message"] == {
         "role": "assistant",
         "content": " globex/search@r1 answers.",
+        "refusal": None,
     }
     template = rig.client.app.state.deps.chat  # type: ignore[attr-defined]
     sent = [ChatMessage("system", "be brief"), ChatMessage("user", "hello")]

@@ -100,6 +100,9 @@ class ChatLogprobs(BaseModel):
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    # OpenAI's response message requires the key (null unless the model refused; vLLM sends
+    # null): loraplex has no refusals. NOTE: it was left out (docs/benchmarks/vllmdiff.md).
+    refusal: None = None
 
 
 class ChatChoice(BaseModel):
