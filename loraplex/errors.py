@@ -238,6 +238,11 @@ class AdapterTooLargeError(UnservableError):
     """The adapter does not fit in a tier's whole budget, so no eviction can make room."""
 
 
+class TenantCapTooSmallError(AdapterTooLargeError):
+    """The adapter fits the tier, but not the tenant's own byte cap there (``max_gpu_bytes``
+    ...): the operator's cap refuses it, not the adapter, and no eviction can make room."""
+
+
 class NoAdapterCacheError(UnservableError):
     """A base-only engine (no adapter cache) was asked for an adapter."""
 

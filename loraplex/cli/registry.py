@@ -72,7 +72,13 @@ def priority_class(value: str) -> PriorityClass:
 
 
 MaxGpuBytes = Annotated[
-    int | None, typer.Option(help=f"Bytes of its adapters in GPU slots {_SHARE}")
+    int | None,
+    typer.Option(
+        help=f"Bytes of its adapters in GPU slots {_SHARE}. Every adapter takes a whole "
+        "max-rank slot; below one slot (0 too) no adapter of the tenant loads: the admin API "
+        "refuses such a cap, this command cannot (the slot's size is the server's), and the "
+        "server then answers each adapter request with a 422 tenant_cap_too_small naming the cap"
+    ),
 ]
 MaxCpuBytes = Annotated[
     int | None, typer.Option(help=f"Bytes of its adapters in host memory {_SHARE}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.errors import AdapterTooLargeError, CacheIntegrityError
+from loraplex.errors import AdapterTooLargeError, CacheIntegrityError, TenantCapTooSmallError
 from loraplex.residency.reclaim import RoomNeed, pick_victims
 
 
@@ -31,6 +31,10 @@ CACHED_TIERS = (Tier.L0, Tier.L1, Tier.L2)
 # The tier each cached tier refills from (the next one down): a lookup, where ``Tier(t + 1)``
 # is an enum call per use (a dozen per placement in the victim order's reload costs).
 TIER_BELOW = {Tier.L0: Tier.L1, Tier.L1: Tier.L2, Tier.L2: Tier.L3}
+
+
+# The tenant quota that caps each cached tier (``registry.TenantQuotas``), named in refusals.
+TENANT_CAP_FIELDS = {Tier.L0: "max_gpu_bytes", Tier.L1: "max_cpu_bytes", Tier.L2: "max_disk_bytes"}
 
 
 @dataclass(frozen=True)
@@ -147,8 +151,19 @@ class TierLedger:
     def check_admissible(self, tenant: str, size_bytes: int) -> None:
         """Raises AdapterTooLargeError when no amount of eviction could ever make room."""
         cap = self.budget.tenant_max_bytes.get(tenant)
-        too_big = size_bytes > self.budget.capacity_bytes or (cap is not None and size_bytes > cap)
-        if too_big or self.budget.num_slots == 0:
+        fits_tier = size_bytes <= self.budget.capacity_bytes and self.budget.num_slots != 0
+        if fits_tier and cap is not None and size_bytes > cap:
+            # NOTE: this said the adapter was too large ("exceed the capacity"), a 422
+            # ``adapter_too_large`` blaming the tenant's adapter for its operator's cap
+            field = TENANT_CAP_FIELDS[self.tier]
+            raise TenantCapTooSmallError(
+                f"tier {self.tier.name}: the tenant cap {field} {cap} of tenant {tenant!r} is "
+                f"below the {size_bytes} bytes one copy of this adapter takes there (the tier "
+                f"holds {self.budget.capacity_bytes}): the tenant's cap refuses it, not the "
+                "adapter; an operator raises or lifts the cap (PUT /admin/tenants/"
+                f"{tenant})"
+            )
+        if not fits_tier:
             raise AdapterTooLargeError(
                 f"tier {self.tier.name}: {size_bytes} bytes for tenant {tenant!r} exceed the "
                 f"capacity ({self.budget.capacity_bytes} bytes, tenant cap {cap})"

@@ -6,6 +6,8 @@ on a thread) builds with them.
 
 from __future__ import annotations
 
+import logging
+
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.config import EngineConfig, SchedulerConfig
@@ -13,6 +15,8 @@ from loraplex.engine.tenant_shares import SeatLimits, TenantSettings
 from loraplex.engine.watchdog import WatchdogPolicy
 from loraplex.registry import Registry, RegistryConfig, Tenant
 from loraplex.serve.config import ServeConfig
+
+_log = logging.getLogger(__name__)
 
 
 def settings_of(tenant: Tenant) -> TenantSettings:
@@ -33,6 +37,30 @@ def settings_of(tenant: Tenant) -> TenantSettings:
 def tenant_settings(registry: Registry) -> dict[str, TenantSettings]:
     """Every registry tenant's settings (tenant name -> settings)."""
     return {t.name: settings_of(t) for t in registry.list_tenants()}
+
+
+def warn_small_gpu_caps(settings: dict[str, TenantSettings], slot_bytes: int) -> None:
+    """One WARNING naming the tenants whose ``max_gpu_bytes`` is below one GPU slot of
+    ``slot_bytes`` (stored by ``tenants update`` or an earlier version; the admin API refuses
+    it): none of their adapters can load, each request is a 422 ``tenant_cap_too_small``."""
+    small = sorted(
+        f"{name} ({s.max_gpu_bytes})"
+        for name, s in settings.items()
+        if s.max_gpu_bytes is not None and s.max_gpu_bytes < slot_bytes
+    )
+    if small:
+        more = len(small) - _NAMED
+        shown = ", ".join(small[:_NAMED]) + (f" and {more} more" if more > 0 else "")
+        _log.warning(
+            "max_gpu_bytes below one GPU slot of %d bytes: no adapter of these tenants can "
+            "load (each adapter request is a 422 tenant_cap_too_small): %s; raise or lift it "
+            "with PUT /admin/tenants/NAME",
+            slot_bytes,
+            shown,
+        )
+
+
+_NAMED = 10  # tenants a start-up warning names at most
 
 
 def warm_policies(registry: Registry, base_digest: str) -> dict[AdapterKey, WarmPolicy]:

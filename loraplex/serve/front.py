@@ -29,7 +29,7 @@ from loraplex.release.traffic import ReleaseTraffic
 from loraplex.router.fleet_state import FleetStateSource
 from loraplex.serve.bootstrap import ADMIN_KEY_FILE
 from loraplex.serve.config import ServeConfig
-from loraplex.serve.engine_settings import tenant_settings
+from loraplex.serve.engine_settings import tenant_settings, warn_small_gpu_caps
 from loraplex.serve.local_fleet import LocalFleetState
 from loraplex.serve.operator_pins import PinKey
 from loraplex.serve.release_env import (
@@ -162,12 +162,14 @@ def build_front(
         shared_state_url=config.shared_state_url,
         shared_state_prefix=config.shared_state_prefix,
         request_log_path=config.request_log_path,
+        gpu_slot_bytes=config.slot_bytes(base),
     )
     chat = ChatTemplate.from_model_dir(model_dir)
     # a release's holds and an operator's pins never undo each other; the operator's are recorded
     cache = OwnedPins(front.cache, RegistryPins(registry, ADMIN_ACTOR))
     cache.adopt(dict.fromkeys(operator_pins, OPERATOR))
     refresh = TenantRefresher(registry, front.apply_tenants)
+    warn_small_gpu_caps(tenant_settings(registry), config.slot_bytes(base))
     traffic = release_traffic(registry)
     deps = ServerDeps(
         settings,

@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from loraplex.artifacts.identity import check_name
-from loraplex.errors import quoted
+from loraplex.errors import InvalidRequestError, quoted
 from loraplex.registry import (
     PriorityClass,
     RevisionState,
@@ -72,6 +72,22 @@ class QuotasBody(_Body):
 
     def quotas(self) -> TenantQuotas:
         return TenantQuotas(**self.model_dump())
+
+
+def check_gpu_cap(max_gpu_bytes: int | None, slot_bytes: int | None) -> None:
+    """Raises InvalidRequestError (400 naming ``quotas.max_gpu_bytes``) for a tenant GPU cap
+    below one GPU slot of ``slot_bytes`` (None: the slot is not known, nothing is checked).
+    Every adapter's GPU copy takes a whole max-rank slot, so such a cap (``0`` included: no code
+    gives it a meaning of its own) refused every adapter request of the tenant, for good, with
+    a 422 that blamed its adapter; ``serve --gpu-adapter-bytes`` below one slot is refused too."""
+    if max_gpu_bytes is None or slot_bytes is None or max_gpu_bytes >= slot_bytes:
+        return
+    raise InvalidRequestError(
+        f"quotas.max_gpu_bytes {max_gpu_bytes} is invalid; expected null (no cap) or at least "
+        f"one GPU slot of {slot_bytes} bytes (every adapter's GPU copy takes a whole slot, so "
+        "a smaller cap would refuse every adapter request of the tenant)",
+        "quotas.max_gpu_bytes",
+    )
 
 
 class TenantBody(_Body):

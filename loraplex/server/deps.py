@@ -74,6 +74,10 @@ class ServerConfig:
     # one JSONL line per finished request, in the simulator's trace format (request_log.py);
     # None: off
     request_log_path: Path | None = None
+    # bytes of one GPU slot (a max-rank adapter on every target module: every adapter's GPU copy
+    # takes a whole one); a tenant's ``max_gpu_bytes`` below it is refused by the admin API, as
+    # no adapter could ever load under it; None: not known here, not checked
+    gpu_slot_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not self.base_model_name:

@@ -57,6 +57,7 @@ from loraplex.errors import (
     RegistryError,
     RegistryUnavailableError,
     RevisionConflictError,
+    TenantCapTooSmallError,
     UnservableError,
     clipped,
 )
@@ -206,6 +207,8 @@ def _unservable(exc: UnservableError, prompt_param: str) -> ApiError:
         return context_error(exc)
     if isinstance(exc, PromptTooLongError):
         return ApiError(400, str(exc), kind, "context_length_exceeded", prompt_param)
+    if isinstance(exc, TenantCapTooSmallError):  # the operator's cap, not the adapter
+        return ApiError(422, str(exc), kind, "tenant_cap_too_small", None)
     if isinstance(exc, AdapterTooLargeError):
         return ApiError(422, str(exc), kind, "adapter_too_large", "model")
     if isinstance(exc, NoAdapterCacheError):

@@ -48,6 +48,7 @@ from loraplex.server.admin_models import (
     TenantBody,
     UploadFields,
     VisibilityBody,
+    check_gpu_cap,
 )
 from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
 from loraplex.server.deps import ServerDeps
@@ -82,6 +83,7 @@ class TenantLimitsBody(FirstUnknownKeyBody):
 
 @router.post("/tenants", status_code=201)
 def create_tenant(body: TenantBody, deps: DepsDep) -> Any:
+    check_gpu_cap(body.quotas.max_gpu_bytes, deps.config.gpu_slot_bytes)
     tenant = deps.registry.create_tenant(body.name, ACTOR, body.priority, body.quotas.quotas())
     deps.refresh_tenants()  # the engine side enforces the new tenant's settings at once
     return asdict(tenant)
@@ -90,6 +92,7 @@ def create_tenant(body: TenantBody, deps: DepsDep) -> Any:
 @router.put("/tenants/{tenant}")
 def set_tenant_limits(tenant: str, body: TenantLimitsBody, deps: DepsDep) -> Any:
     changes = body.quotas.model_dump(exclude_unset=True)
+    check_gpu_cap(changes.get("max_gpu_bytes"), deps.config.gpu_slot_bytes)
     updated = deps.registry.set_tenant_limits(tenant, ACTOR, body.priority, changes)
     deps.refresh_tenants()
     return asdict(updated)

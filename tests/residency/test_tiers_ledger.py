@@ -9,7 +9,7 @@ from cache_kit import key
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.errors import AdapterTooLargeError, CacheIntegrityError
+from loraplex.errors import AdapterTooLargeError, CacheIntegrityError, TenantCapTooSmallError
 from loraplex.residency.ledger import ResidentEntry, Tier, TierBudget, TierLedger
 from loraplex.residency.warm import AutoWarmConfig, PinBook, RequestRates, auto_warm
 
@@ -83,6 +83,19 @@ def test_inadmissible_sizes_fail_fast() -> None:
     with pytest.raises(AdapterTooLargeError):
         ledger.check_admissible("t", 200)
     ledger.check_admissible("u", 200)
+
+
+def test_a_refusal_by_the_tenant_cap_names_the_cap_not_the_adapter() -> None:
+    """It said the adapter exceeded the tier's capacity, where the tenant's cap refused it."""
+    ledger = TierLedger(Tier.L0, TierBudget(300, 3, tenant_max_bytes={"t": 0}))
+    with pytest.raises(TenantCapTooSmallError, match=r"tenant cap max_gpu_bytes 0 of tenant 't'"):
+        ledger.check_admissible("t", 100)
+    with pytest.raises(AdapterTooLargeError) as larger:  # beyond the tier: the adapter's size
+        ledger.check_admissible("t", 400)
+    assert not isinstance(larger.value, TenantCapTooSmallError)
+    l1 = TierLedger(Tier.L1, TierBudget(300, tenant_max_bytes={"t": 10}))
+    with pytest.raises(TenantCapTooSmallError, match="max_cpu_bytes 10"):
+        l1.check_admissible("t", 100)
 
 
 def test_budget_validation() -> None:

@@ -6,9 +6,11 @@ builds."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 from fastapi.testclient import TestClient
 
 from loraplex.artifacts.base_model import BaseModelSpec
@@ -58,11 +60,11 @@ def test_admin_changes_reach_the_running_cache(demo_assets: DemoAssets, tmp_path
             body = {
                 "name": "storm",
                 "priority": "batch",
-                "quotas": {"max_gpu_bytes": 4096, "max_cpu_bytes": 8192, "max_cold_loads": 1},
+                "quotas": {"max_gpu_bytes": 1 << 30, "max_cpu_bytes": 8192, "max_cold_loads": 1},
             }
             assert http.post("/admin/tenants", json=body, headers=AUTH).status_code == 201
             assert server.runtime.cache.config.tenant_priority == {"storm": 0.25}
-            assert _caps(server, Tier.L0) == {"storm": 4096}
+            assert _caps(server, Tier.L0) == {"storm": 1 << 30}
             assert _caps(server, Tier.L1) == {"storm": 8192}
             assert server.runtime.tenants.max_cold_loads("storm") == 1
 
@@ -93,6 +95,65 @@ def test_admin_changes_reach_the_running_cache(demo_assets: DemoAssets, tmp_path
         assert restarted.runtime.tenants.max_cold_loads("storm") == 3
     finally:
         restarted.close()
+
+
+def test_a_gpu_cap_below_one_slot_is_refused_by_name(
+    demo_assets: DemoAssets, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tenant's ``max_gpu_bytes`` below one GPU slot (``0`` too) was stored, and then every
+    adapter request of the tenant was a permanent 422 ``adapter_too_large`` blaming its
+    adapter. The admin API refuses it naming the field and the slot's size; one slot is taken.
+    A cap stored behind its back (``loraplex tenants update``, which cannot know the slot) is
+    refused at request time naming the tenant's cap, not the adapter."""
+    config = _config(demo_assets, tmp_path)
+    slot = config.slot_bytes(BaseModelSpec.from_dir(demo_assets.base_model_dir))
+    server = build_server(config)
+    try:
+        with TestClient(server.app) as http:
+            for cap in (0, 1, slot - 1):
+                body = {"name": "tiny", "quotas": {"max_gpu_bytes": cap}}
+                refused = http.post("/admin/tenants", json=body, headers=AUTH)
+                assert refused.status_code == 400, refused.text
+                error = refused.json()["error"]
+                assert error["param"] == "quotas.max_gpu_bytes"
+                assert f"max_gpu_bytes {cap} is invalid" in error["message"]
+                assert f"one GPU slot of {slot} bytes" in error["message"]
+            assert http.get("/admin/tenants", headers=AUTH).json() == []  # none was created
+            body = {"name": "tiny", "quotas": {"max_gpu_bytes": slot}}
+            assert http.post("/admin/tenants", json=body, headers=AUTH).status_code == 201
+            for cap in (0, slot - 1):
+                put = {"quotas": {"max_gpu_bytes": cap, "max_cold_loads": 2}}
+                refused = http.put("/admin/tenants/tiny", json=put, headers=AUTH)
+                assert refused.status_code == 400, refused.text
+                assert refused.json()["error"]["param"] == "quotas.max_gpu_bytes"
+            assert server.registry.get_tenant("tiny").quotas.max_cold_loads is None  # unchanged
+            assert _caps(server, Tier.L0) == {"tiny": slot}
+
+            adapter = demo_assets.adapters[0]
+            request = RegistrationRequest(adapter.path, "tiny", adapter.name, adapter.revision)
+            server.registry.register(request, "test")
+            server.registry.set_tenant_limits("tiny", "cli", None, {"max_gpu_bytes": 1})
+            applied = http.put("/admin/tenants/tiny", json={"quotas": {}}, headers=AUTH)
+            assert applied.status_code == 200, applied.text  # applies the stored cap 1 too
+            assert _caps(server, Tier.L0) == {"tiny": 1}
+            token = server.registry.create_key("tiny", "test").token
+            asked = http.post(
+                "/v1/completions",
+                json={"model": adapter.name, "prompt": "hello", "max_tokens": 2},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert asked.status_code == 422, asked.text
+            error = asked.json()["error"]
+            assert error["code"] == "tenant_cap_too_small", error
+            named = "the tenant cap max_gpu_bytes 1 of tenant 'tiny'"
+            assert named in error["message"], error
+            assert "not the adapter" in error["message"]
+    finally:
+        server.close()
+    with caplog.at_level(logging.WARNING, logger="loraplex.serve.engine_settings"):
+        build_server(config).close()  # a start names the tenants such a cap leaves adapterless
+    warned = [r.getMessage() for r in caplog.records if "below one GPU slot" in r.getMessage()]
+    assert len(warned) == 1 and f"of {slot} bytes" in warned[0] and "tiny (1)" in warned[0]
 
 
 def test_cache_settings_reach_the_running_cache(demo_assets: DemoAssets, tmp_path: Path) -> None:

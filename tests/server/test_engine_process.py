@@ -93,12 +93,14 @@ def test_admin_residency_and_tenant_settings_reach_the_engine_process(
     with live_server(demo_assets, tmp_path, admin_key=ADMIN, max_loras=4) as live:
         assert _engine(live).pid != os.getpid()
         http = httpx.Client(base_url=live.url, headers=AUTH, timeout=60)
-        capped = {"quotas": {"max_gpu_bytes": 1}}
-        reply = http.put(f"/admin/tenants/{adapter.tenant}", json=capped)
+        # a cap below one slot, which the admin API refuses: stored as `tenants update` does,
+        # then applied by a change of nothing
+        live.server.registry.set_tenant_limits(adapter.tenant, "cli", None, {"max_gpu_bytes": 1})
+        reply = http.put(f"/admin/tenants/{adapter.tenant}", json={"quotas": {}})
         assert reply.status_code == 200, reply.text
         refused = http.post("/admin/residency/pin", json={"model": ref, "tier": "L0", "wait": True})
         assert refused.status_code == 422, refused.text  # the child's cache applies the cap
-        assert "tenant cap 1" in refused.json()["error"]["message"]
+        assert "tenant cap max_gpu_bytes 1 of tenant" in refused.json()["error"]["message"]
 
         roomy = {"quotas": {"max_gpu_bytes": 1 << 30}}
         assert http.put(f"/admin/tenants/{adapter.tenant}", json=roomy).status_code == 200

@@ -166,14 +166,16 @@ def test_a_killed_engine_process_fails_live_requests_and_comes_back(
         assert refused.status_code == 503 and "Retry-After" in refused.headers
         assert "restart" in refused.json()["error"]["message"]
         assert _metric(http, "loraplex_engine_up") == 0
-        capped = {"quotas": {"max_gpu_bytes": 1}}  # saved now, applied by the next engine
-        assert http.put(f"/admin/tenants/{adapter.tenant}", json=capped, headers=AUTH).is_success
+        # saved now (as `tenants update` does: the admin API refuses a cap below one slot),
+        # applied by the next engine
+        live.server.registry.set_tenant_limits(adapter.tenant, "cli", None, {"max_gpu_bytes": 1})
 
         _wait_ready(http)
         assert http.get("/health").json() == {"status": "ok"}
         pin = {"model": ref, "tier": "L0", "wait": True}
         refused = http.post("/admin/residency/pin", json=pin, headers=AUTH)
-        assert refused.status_code == 422 and "tenant cap 1" in refused.text, refused.text
+        assert refused.status_code == 422, refused.text
+        assert "tenant cap max_gpu_bytes 1 of tenant" in refused.text, refused.text
         roomy = {"quotas": {"max_gpu_bytes": 1 << 30}}
         assert http.put(f"/admin/tenants/{adapter.tenant}", json=roomy, headers=AUTH).is_success
         done = api.completions.create(model=adapter.name, prompt=adapter.probe_prompt,

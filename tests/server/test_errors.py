@@ -29,6 +29,7 @@ from loraplex.errors import (
     RegistryError,
     RegistryUnavailableError,
     RevisionConflictError,
+    TenantCapTooSmallError,
     TensorValidationError,
     UnservableError,
 )
@@ -62,6 +63,7 @@ ADMIN = ErrorContext.ADMIN
         (PromptTooLongError("2049 tokens"), TENANT, 400, "context_length_exceeded"),
         (NoAdapterCacheError("base model only"), TENANT, 400, "adapters_not_served"),
         (AdapterTooLargeError("9 GB"), TENANT, 422, "adapter_too_large"),
+        (TenantCapTooSmallError("max_gpu_bytes 1"), TENANT, 422, "tenant_cap_too_small"),
         (UnservableError("never"), TENANT, 400, "unservable_request"),
         (InvalidRequestError("bad template", "messages"), TENANT, 400, "invalid_request"),
         (ValueError("tier 'L9' is invalid"), ADMIN, 400, "invalid_request"),
