@@ -132,3 +132,33 @@ def test_echoed_text_offsets_index_the_returned_text(live: Live) -> None:
     parts = [c.choices[0] for c in streamed if c.choices]
     assert "".join(p.text for p in parts) == choice.text
     assert [o for p in parts if p.logprobs for o in p.logprobs.text_offset or ()] == offsets
+
+
+def test_text_offsets_of_a_character_split_over_byte_tokens_point_at_it(live: Live) -> None:
+    """The demo tokenizer is a byte-level BPE: an emoji is 4 byte tokens, each decoding alone
+    to U+FFFD. Each counted one character, so every offset after an emoji was 3 past its token
+    (attack30); each now points at the character it is part of. Streamed, the same offsets."""
+    adapter = live.assets.adapters[0]
+    api = client(live.url, live.key(adapter.tenant))
+    prompt = "a\U0001f600b \U0001f600\U0001f600 hi"
+    asked = {
+        "model": f"{adapter.name}@{adapter.revision}", "prompt": prompt, "max_tokens": 4,
+        "echo": True, "logprobs": 0, "temperature": 0,
+    }  # fmt: skip
+    choice = api.completions.create(**asked).choices[0]
+    logprobs = choice.logprobs
+    assert logprobs is not None and logprobs.tokens and logprobs.text_offset
+    tokens, offsets = logprobs.tokens, logprobs.text_offset
+    assert tokens.count("\ufffd") >= 12  # 3 emoji of byte tokens
+    text = choice.text
+    assert offsets == sorted(offsets) and offsets[-1] < len(text)
+    for token, offset in zip(tokens[1:], offsets[1:], strict=True):
+        if token == "\ufffd":
+            assert text[offset] == "\U0001f600", (offsets, tokens)
+        else:
+            assert text[offset : offset + len(token)] == token, (token, offset)
+
+    streamed = api.completions.create(**asked, stream=True)
+    parts = [c.choices[0] for c in streamed if c.choices]
+    assert "".join(p.text for p in parts) == text
+    assert [o for p in parts if p.logprobs for o in p.logprobs.text_offset or ()] == offsets
