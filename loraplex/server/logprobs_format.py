@@ -39,12 +39,23 @@ class TokenStrings:
     def __init__(self, tokenizer: TextTokenizer) -> None:
         self._tokenizer = tokenizer
         self._cache: dict[int, str] = {}
+        self._bytes: dict[int, list[int]] = {}
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
         if text is None:
             text = self._cache[token_id] = self._tokenizer.token_text(token_id)
         return text
+
+    def bytes_of(self, token_id: int) -> list[int]:
+        """The token's bytes for chat's ``bytes`` (``TextTokenizer.token_bytes``: a byte token
+        its own byte, not the U+FFFD its string shows); a tokenizer without it, the string's."""
+        found = self._bytes.get(token_id)
+        if found is None:
+            token_bytes = getattr(self._tokenizer, "token_bytes", None)
+            raw = token_bytes(token_id) if token_bytes else self(token_id).encode("utf-8")
+            found = self._bytes[token_id] = list(raw)
+        return found
 
     @property
     def decoder(self) -> Detokenizer:
@@ -141,8 +152,10 @@ def completion_logprobs(
     return out
 
 
-def _top(token: str, logprob: float) -> TopLogprob:
-    return TopLogprob(token=token, logprob=_finite(logprob), bytes=list(token.encode("utf-8")))
+def _top(strings: TokenStrings, token_id: int, logprob: float) -> TopLogprob:
+    return TopLogprob(
+        token=strings(token_id), logprob=_finite(logprob), bytes=strings.bytes_of(token_id)
+    )
 
 
 def chat_logprobs(
@@ -156,8 +169,8 @@ def chat_logprobs(
             ChatTokenLogprob(
                 token=token,
                 logprob=_finite(entry.logprob),
-                bytes=list(token.encode("utf-8")),
-                top_logprobs=[_top(strings(t), lp) for t, lp in entry.top[:num_top]],
+                bytes=strings.bytes_of(entry.token_id),
+                top_logprobs=[_top(strings, t, lp) for t, lp in entry.top[:num_top]],
             )
         )
     return out
