@@ -25,6 +25,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from loraplex.errors import CheckpointError
+from loraplex.model.token_bytes import TokenBytes
 
 # transformers' clean_up_tokenization: spaces it removes before punctuation and contractions.
 _CLEANUPS = (
@@ -86,6 +87,7 @@ class TextTokenizer:
             eos.add(token_id)
         # The ids that end generation (config, generation config and tokenizer config together).
         self.eos_token_ids = frozenset(eos)
+        self._bytes = TokenBytes(self._tokenizer)
 
     @property
     def rewrites_text(self) -> bool:
@@ -105,6 +107,11 @@ class TextTokenizer:
         """One token's text as logprobs show it: special tokens as themselves (``<|end|>``),
         so two special tokens never share the empty string as vLLM's token strings do not."""
         return self._decode([token_id], skip_special=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes the token stands for (chat logprobs' ``bytes``): a byte token of a split
+        character its own byte, not the UTF-8 of the U+FFFD it decodes to alone."""
+        return self._bytes.bytes_of(token_id, self.token_text(token_id))
 
     @property
     def raw(self) -> RawDecoder:

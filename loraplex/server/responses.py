@@ -7,7 +7,12 @@ from collections.abc import Sequence
 
 from loraplex.engine.protocol import TokenLogprob
 from loraplex.server.choices import ChoiceOutput, Echo, Shape, best
-from loraplex.server.logprobs_format import TokenStrings, chat_logprobs, completion_logprobs
+from loraplex.server.logprobs_format import (
+    ChoiceOffsets,
+    TokenStrings,
+    chat_logprobs,
+    completion_logprobs,
+)
 from loraplex.server.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -47,7 +52,11 @@ def completion_choices(
             if num_top is not None:
                 first = shown.first_token_id if shown is not None else None
                 entries = _entries(out, shown)
-                logprobs, _ = completion_logprobs(entries, strings, num_top, first_token_id=first)
+                offsets = ChoiceOffsets(strings, len(shown.text) if shown is not None else None)
+                logprobs = completion_logprobs(
+                    entries, strings, num_top, offsets,
+                    num_prompt=len(entries) - len(out.logprobs), first_token_id=first,
+                )  # fmt: skip
             prefix = shown.text if shown is not None else ""
             choices.append(
                 CompletionChoice(

@@ -21,7 +21,12 @@ from starlette.concurrency import run_in_threadpool
 from loraplex.engine.protocol import TokenDelta, TokenLogprob
 from loraplex.server.choices import Echo, Fanout, Slotted
 from loraplex.server.errors import ApiError, ErrorContext, to_api_error
-from loraplex.server.logprobs_format import TokenStrings, chat_logprobs, completion_logprobs
+from loraplex.server.logprobs_format import (
+    ChoiceOffsets,
+    TokenStrings,
+    chat_logprobs,
+    completion_logprobs,
+)
 from loraplex.server.protocol import RevisionInfo, Usage
 from loraplex.server.stream_buffer import EchoEvent
 
@@ -168,7 +173,7 @@ class StreamChoices:
         self._strings = strings
         self._echo = echo
         self._continuous = continuous_usage  # usage on every event, not only the last
-        self._offsets: dict[int, int] = {}  # completions: each choice's next text_offset
+        self._offsets: dict[int, ChoiceOffsets] = {}  # completions: each choice's text_offset
         self._last: dict[int, TokenDelta] = {}  # the latest delta of each choice (usage)
 
     def opening(self, num_choices: int, first: TokenDelta | None) -> list[str]:
@@ -194,19 +199,23 @@ class StreamChoices:
         self._last[slot] = delta
         text, entries = delta.text, list[TokenLogprob | None](delta.logprobs or ())
         echo = self._echo[slot // self._per_prompt] if self._echo and first else None
+        num_prompt = 0
         if echo is not None:
             text = echo.text + text
+            num_prompt = len(delta.prompt_logprobs or ())
             entries = [*(delta.prompt_logprobs or ()), *entries]
         if not (first or text or entries or delta.finish_reason is not None):
             return None
         usage = _usage(delta.prompt_tokens, delta.completion_tokens) if self._continuous else None
         out = self.fmt.text(
             text, delta.finish_reason, index=slot, stop_reason=delta.stop_reason,
-            logprobs=self._logprobs(slot, entries, echo), usage=usage,
+            logprobs=self._logprobs(slot, entries, echo, num_prompt), usage=usage,
         )  # fmt: skip
         return out if echo is None else EchoEvent(out)  # bounded by the request, not the buffer
 
-    def _logprobs(self, slot: int, entries: list[TokenLogprob | None], echo: Echo | None) -> object:
+    def _logprobs(
+        self, slot: int, entries: list[TokenLogprob | None], echo: Echo | None, num_prompt: int
+    ) -> object:
         if self._num_top is None:
             return None
         if self.fmt.chat:
@@ -217,9 +226,13 @@ class StreamChoices:
                 ]
             }
         first_id = echo.first_token_id if echo is not None else None
-        out, self._offsets[slot] = completion_logprobs(
-            entries, self._strings, self._num_top,
-            first_token_id=first_id, text_offset=self._offsets.get(slot, 0),
+        offsets = self._offsets.get(slot)
+        if offsets is None:  # a choice's first event (with its echo, if any)
+            echo_chars = len(echo.text) if echo is not None else None
+            offsets = self._offsets[slot] = ChoiceOffsets(self._strings, echo_chars)
+        out = completion_logprobs(
+            entries, self._strings, self._num_top, offsets,
+            num_prompt=num_prompt, first_token_id=first_id,
         )  # fmt: skip
         return out.model_dump()
 

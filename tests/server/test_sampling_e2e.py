@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from live import Live, async_client, client, live_server
 
@@ -132,3 +133,61 @@ def test_echoed_text_offsets_index_the_returned_text(live: Live) -> None:
     parts = [c.choices[0] for c in streamed if c.choices]
     assert "".join(p.text for p in parts) == choice.text
     assert [o for p in parts if p.logprobs for o in p.logprobs.text_offset or ()] == offsets
+
+
+def test_text_offsets_of_a_character_split_over_byte_tokens_point_at_it(live: Live) -> None:
+    """The demo tokenizer is a byte-level BPE: an emoji is 4 byte tokens, each decoding alone
+    to U+FFFD. Each counted one character, so every offset after an emoji was 3 past its token
+    (attack30); each now points at the character it is part of. Streamed, the same offsets."""
+    adapter = live.assets.adapters[0]
+    api = client(live.url, live.key(adapter.tenant))
+    prompt = "a\U0001f600b \U0001f600\U0001f600 hi"
+    asked = {
+        "model": f"{adapter.name}@{adapter.revision}", "prompt": prompt, "max_tokens": 4,
+        "echo": True, "logprobs": 0, "temperature": 0,
+    }  # fmt: skip
+    choice = api.completions.create(**asked).choices[0]
+    logprobs = choice.logprobs
+    assert logprobs is not None and logprobs.tokens and logprobs.text_offset
+    tokens, offsets = logprobs.tokens, logprobs.text_offset
+    assert tokens.count("\ufffd") >= 12  # 3 emoji of byte tokens
+    text = choice.text
+    assert offsets == sorted(offsets) and offsets[-1] < len(text)
+    for token, offset in zip(tokens[1:], offsets[1:], strict=True):
+        if token == "\ufffd":
+            assert text[offset] == "\U0001f600", (offsets, tokens)
+        else:
+            assert text[offset : offset + len(token)] == token, (token, offset)
+
+    streamed = api.completions.create(**asked, stream=True)
+    parts = [c.choices[0] for c in streamed if c.choices]
+    assert "".join(p.text for p in parts) == text
+    assert [o for p in parts if p.logprobs for o in p.logprobs.text_offset or ()] == offsets
+
+
+def test_chat_logprob_bytes_of_byte_tokens_are_their_bytes(live: Live) -> None:
+    """An emoji's first byte token forced by ``logit_bias``: chat's ``bytes`` for it are
+    ``[240]``, so a client can join a split character back; they were ``[239, 191, 189]``, the
+    UTF-8 of the U+FFFD the token shows (attack30). Streamed, the same."""
+    adapter = live.assets.adapters[0]
+    api = client(live.url, live.key(adapter.tenant))
+    tokenized = httpx.post(
+        f"{live.url}/tokenize", json={"model": adapter.name, "prompt": "\U0001f600"},
+        headers={"Authorization": f"Bearer {live.key(adapter.tenant)}"},
+    ).json()["tokens"]  # fmt: skip
+    lead = tokenized[1]  # after BOS: the byte token of 0xF0
+    asked = {
+        "model": f"{adapter.name}@{adapter.revision}", "max_tokens": 3, "temperature": 0,
+        "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 1,
+        "logit_bias": {str(lead): 100},
+    }  # fmt: skip
+    done = api.chat.completions.create(**asked)
+    logprobs = done.choices[0].logprobs
+    assert logprobs is not None and logprobs.content
+    assert [(e.token, e.bytes) for e in logprobs.content] == [("\ufffd", [0xF0])] * 3
+    tops = [t for e in logprobs.content for t in e.top_logprobs if t.token == "\ufffd"]
+    assert all(t.bytes != [239, 191, 189] and len(t.bytes) == 1 for t in tops)
+    streamed = api.chat.completions.create(**asked, stream=True)
+    got = [e.bytes for c in streamed if c.choices and c.choices[0].logprobs
+           for e in c.choices[0].logprobs.content or ()]  # fmt: skip
+    assert got == [[0xF0]] * 3
