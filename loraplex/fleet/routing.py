@@ -179,11 +179,26 @@ class FirstTries:
     tens of times, and each time counted again as routed work (``FleetTopology``'s shares, by
     which a tenant's waiting requests weighed as many requests as they had backoffs), as a
     decision (``ROUTING_LOG``) and as pending on the replica chosen that time (each looked
-    busier until its next report). A call without an id (a test's) is always a first try; one
-    waiting past ``MAX_CALLS_REMEMBERED`` newer calls counts again. A call ``end`` saw withdrawn
-    keeps no mark: Ray asks once more after its backoff sleep before it looks whether the call
-    was cancelled, and that ask marked the call pending again, with no undo left to take it back.
-    """
+    busier until its next report). A call without an id (a test's) is always a first try. A
+    call ``end`` saw withdrawn keeps no mark: Ray asks once more after its backoff sleep before
+    it looks whether the call was cancelled, and that ask marked the call pending again, with no
+    undo left to take it back.
+
+    NOTE: the last ``MAX_CALLS_REMEMBERED`` calls asked about are kept, each moved to the end at
+    every ask; a call that fell out would count as a first try again (counted twice in the
+    topology and ``ROUTING_LOG``, pending on two replicas until the older decision lapses, at
+    most ``recent_ttl_s``). One still asked about falls out only if 65,536 other calls get their
+    first ask between two of its asks, which the request limits in docs/operations.md keep out
+    of reach: Ray 2.60 asks about a call only while one of its routing tasks holds it (at most
+    min(50, 2 x replicas) tasks per handle: in the ingress, its engine handle), again after each
+    backoff (0.025 s doubling to 0.5 s) and queue-length probe (a deadline of at most 1 s), so
+    about 1.5 s at most apart; a task takes a new call only once its previous one was placed on
+    a replica or cancelled, so that would be over 40,000 calls placed or cancelled a second
+    through one ingress, each part of an HTTP request it parsed and authenticated, where at most
+    ``max_connections`` (1,024) requests of at most 16 engine requests each (16,384 calls) are
+    in flight at once. Not bounded by that in-flight figure: ended calls stay here until pushed
+    out (a withdrawn one must, for the late ask above), so the count is of recent asks, not of
+    calls in flight."""
 
     def __init__(self, max_remembered: int = MAX_CALLS_REMEMBERED) -> None:
         self._max = max_remembered

@@ -10,7 +10,7 @@ newer than the decision, or ``recent_ttl_s``, says otherwise.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -25,64 +25,95 @@ class Pending:
 
 NO_PENDING = Pending(0, 0, frozenset())  # one object, so a view built on it can be reused
 
-Entry = tuple[float, str | None, int]  # one decision: (when, revision, prompt tokens)
+# an ``Entry``'s state: kept and load; kept, its request ended (no load, still its revision);
+# gone (withdrawn, lapsed, or its replica forgotten): ``withdraw`` and ``finish`` are no-ops
+_LOAD, _ENDED, _GONE = 0, 1, 2
+
+
+class Entry:
+    """One decision ``record`` made, its handle for ``withdraw`` and ``finish``: they act on
+    this decision only (compared by identity), once. NOTE: entries were (time, revision,
+    tokens) tuples matched by value, so withdrawing one twice removed another request's equal
+    decision (same instant, revision and tokens: a burst), and withdrawing one whose equal
+    twin had ended made the ended one load again."""
+
+    __slots__ = ("adapter_key", "at_s", "num_tokens", "replica_id", "state")
+
+    def __init__(
+        self, replica_id: str, at_s: float, adapter_key: str | None, num_tokens: int
+    ) -> None:
+        self.replica_id = replica_id
+        self.at_s = at_s
+        self.adapter_key = adapter_key
+        self.num_tokens = num_tokens
+        self.state = _LOAD
+
+    def __repr__(self) -> str:
+        state = ("load", "ended", "gone")[self.state]
+        return (
+            f"Entry({self.replica_id!r}, {self.at_s!r}, {self.adapter_key!r}, "
+            f"{self.num_tokens!r}, {state})"
+        )
 
 
 @dataclass
 class _Log:
-    """Decisions for one replica in time order, with running totals (amortized O(1) upkeep)."""
+    """Decisions for one replica in time order, with running totals (amortized O(1) upkeep).
+    The oldest entry kept is never a gone one (``_trim``): ``first_s`` reads it."""
 
-    entries: deque[Entry] = field(default_factory=deque)
-    num_tokens: int = 0
-    per_key: dict[str, int] = field(default_factory=dict)
-    # each entry kept, counted (equal entries are one key): ``finish`` asks it in O(1)
-    kept: Counter[Entry] = field(default_factory=Counter)
-    # entries whose request ended (``finish``): they still name their revision, as no load
-    done: Counter[Entry] = field(default_factory=Counter)
-    num_done: int = 0
+    entries: deque[Entry] = field(default_factory=deque)  # gone ones wait here to be popped
+    num_kept: int = 0  # entries not gone
+    num_tokens: int = 0  # the prompt tokens of those still load
+    per_key: dict[str, int] = field(default_factory=dict)  # kept entries per revision
+    num_done: int = 0  # kept entries whose request ended (``finish``)
     # ``pending()``'s answer while no entry came or went since (None: to be rebuilt)
     pending: Pending | None = None
 
     def drop_before(self, cutoff_s: float) -> None:
-        while self.entries and self.entries[0][0] < cutoff_s:
-            self._uncount(self.entries.popleft())
+        entries = self.entries
+        while entries and (entries[0].at_s < cutoff_s or entries[0].state == _GONE):
+            entry = entries.popleft()
+            if entry.state != _GONE:
+                self._uncount(entry)
 
     def remove(self, entry: Entry) -> None:
-        """Drops ``entry`` (or one equal to it: the same totals) if it has not lapsed yet."""
-        try:
-            self.entries.remove(entry)
-        except ValueError:
+        """Drops ``entry`` if it is still kept; O(1) amortized."""
+        if entry.state == _GONE:
             return
         self._uncount(entry)
+        self._trim()
 
     def finish(self, entry: Entry) -> None:
-        """``entry`` (or one equal to it) stops counting as load, if it has not lapsed yet."""
+        """``entry`` stops counting as load, if it is still kept and load; O(1)."""
         # NOTE: ``self.entries.count(entry)`` scanned every decision kept for the replica (all
         # of the last ``recent_ttl_s`` when its reports stop) at every request's end
-        if self.kept.get(entry, 0) <= self.done.get(entry, 0):
-            return  # lapsed (a report newer than it came), or every equal one ended already
-        self.done[entry] += 1
+        if entry.state != _LOAD:
+            return  # lapsed (a report newer than it came), withdrawn, or ended already
+        entry.state = _ENDED
         self.num_done += 1
-        self.num_tokens -= entry[2]
+        self.num_tokens -= entry.num_tokens
         self.pending = None
 
+    def forget(self) -> None:
+        """Its replica left: its entries' ``withdraw`` and ``finish`` become no-ops (a replica
+        back under the same id starts a new log, which they must not touch)."""
+        for entry in self.entries:
+            entry.state = _GONE
+
+    def _trim(self) -> None:
+        entries = self.entries
+        while entries and entries[0].state == _GONE:
+            entries.popleft()
+
     def _uncount(self, entry: Entry) -> None:
-        _, key, tokens = entry
-        kept = self.kept[entry] - 1
-        if kept:
-            self.kept[entry] = kept
-        else:
-            del self.kept[entry]
-        ended = self.done.get(entry, 0)
-        if ended:
-            if ended == 1:
-                del self.done[entry]
-            else:
-                self.done[entry] = ended - 1
+        if entry.state == _ENDED:
             self.num_done -= 1
         else:
-            self.num_tokens -= tokens
+            self.num_tokens -= entry.num_tokens
+        entry.state = _GONE
+        self.num_kept -= 1
         self.pending = None
+        key = entry.adapter_key
         if key is not None:
             left = self.per_key[key] - 1
             if left:
@@ -101,13 +132,13 @@ class DecisionMemory:
     def record(
         self, replica_id: str, adapter_key: str | None, num_tokens: int, at_s: float
     ) -> Entry:
-        """Remembers a decision; returns its entry (for ``withdraw``)."""
+        """Remembers a decision; returns its entry (for ``withdraw`` and ``finish``)."""
         log = self._logs.get(replica_id)
         if log is None:  # NOTE: not ``setdefault(replica_id, _Log())``: a _Log per decision
             log = self._logs[replica_id] = _Log()
-        entry = (at_s, adapter_key, num_tokens)
+        entry = Entry(replica_id, at_s, adapter_key, num_tokens)
         log.entries.append(entry)
-        log.kept[entry] += 1
+        log.num_kept += 1
         log.num_tokens += num_tokens
         log.pending = None
         if adapter_key is not None:
@@ -115,20 +146,22 @@ class DecisionMemory:
         return entry
 
     def withdraw(self, replica_id: str, entry: Entry) -> None:
-        """Forgets a decision ``record`` returned (the request was routed again elsewhere); a
-        no-op once it lapsed or its replica left. NOTE: O(decisions kept for the replica)."""
-        log = self._logs.get(replica_id)
+        """Forgets a decision ``record`` returned for ``replica_id`` (the request was routed
+        again elsewhere, or left unanswered); a no-op once it was withdrawn, lapsed or its
+        replica left. O(1) amortized (it scanned the replica's decisions)."""
+        log = self._logs.get(_recorded_for(replica_id, entry))
         if log is not None:
             log.remove(entry)
 
     def finish(self, replica_id: str, entry: Entry) -> None:
         """A decision ``record`` returned whose request ended (its replica answered it all):
         it no longer adds a request or its tokens to the replica's load, but still names its
-        revision (the replica loaded it) until it lapses. A no-op once it lapsed. NOTE: a
+        revision (the replica loaded it) until it lapses. A no-op once it ended, was withdrawn,
+        lapsed or its replica left. NOTE: a
         request that ended before its replica's next report counted as waiting until then, so a
         tenant sending short requests back to back (each done in milliseconds) made replicas
         look saturated that were all but idle (docs/benchmarks/attackfleet2.md). O(1)."""
-        log = self._logs.get(replica_id)
+        log = self._logs.get(_recorded_for(replica_id, entry))
         if log is not None:
             log.finish(entry)
 
@@ -142,10 +175,10 @@ class DecisionMemory:
         cutoff_s = now_s - self._ttl_s
         if report_at_s is not None and report_at_s > cutoff_s:
             cutoff_s = report_at_s
-        if log.entries and log.entries[0][0] < cutoff_s:
+        if log.entries and log.entries[0].at_s < cutoff_s:
             log.drop_before(cutoff_s)
         if log.pending is None:
-            num_requests = len(log.entries) - log.num_done
+            num_requests = log.num_kept - log.num_done
             log.pending = Pending(num_requests, log.num_tokens, frozenset(log.per_key))
         return log.pending
 
@@ -153,9 +186,20 @@ class DecisionMemory:
         """When the oldest decision kept for ``replica_id`` was made (None: none kept): the
         earliest it may lapse is ``recent_ttl_s`` after it."""
         log = self._logs.get(replica_id)
-        return log.entries[0][0] if log is not None and log.entries else None
+        return log.entries[0].at_s if log is not None and log.entries else None
 
     def forget_except(self, replica_ids: set[str]) -> None:
         """Drops replicas that left the fleet, so memory stays bounded by the fleet's size."""
         for gone in [r for r in self._logs if r not in replica_ids]:
-            del self._logs[gone]
+            self._logs.pop(gone).forget()
+
+
+def _recorded_for(replica_id: str, entry: Entry) -> str:
+    """``replica_id``, the replica ``entry`` was recorded for; a mark pairing it with another
+    replica is a caller's mistake, refused rather than left to touch that replica's totals."""
+    if entry.replica_id != replica_id:
+        raise ValueError(
+            f"entry was recorded for replica {entry.replica_id!r}; withdrawn or finished "
+            f"for {replica_id!r}"
+        )
+    return replica_id

@@ -417,6 +417,17 @@ def test_first_tries_are_bounded_and_calls_without_an_id_always_count() -> None:
     assert tries.first(SimpleNamespace(args=[])) and tries.first(SimpleNamespace(args=[]))
 
 
+def test_a_call_still_asked_about_is_kept_past_the_bound_of_newer_calls() -> None:
+    """``FirstTries``' NOTE: each ask moves a call to the end, so only calls first asked
+    between two of its asks push it out, never the total asked while it waits."""
+    tries = FirstTries(max_remembered=2)
+    waiting = SimpleNamespace(metadata=SimpleNamespace(internal_request_id="waiting"))
+    assert tries.first(waiting)
+    for i in range(10):  # a newer call between every two backoff asks
+        assert tries.first(SimpleNamespace(metadata=SimpleNamespace(internal_request_id=i)))
+        assert not tries.first(waiting)
+
+
 def test_a_call_ray_asks_about_again_is_pending_only_where_it_was_sent_last() -> None:
     """Each backoff ask chose a replica and marked the call pending there again: one waiting
     call looked like six requests queued (spread over the replicas) until their next reports."""

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
-from loraplex.router.memory import NO_PENDING, DecisionMemory, Pending
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loraplex.router.memory import NO_PENDING, DecisionMemory, Entry, Pending
 
 
 def test_a_withdrawn_decision_leaves_the_totals_and_a_lapsed_one_is_a_no_op() -> None:
@@ -19,8 +23,35 @@ def test_a_withdrawn_decision_leaves_the_totals_and_a_lapsed_one_is_a_no_op() ->
     late = memory.record("b", "rev", 7, at_s=0.0)
     assert memory.pending("b", None, 2.0) == NO_PENDING  # lapsed by the TTL
     memory.withdraw("b", late)
-    memory.withdraw("gone", late)  # a replica that left
     assert memory.pending("b", None, 2.0) == NO_PENDING
+    left = memory.record("gone", "rev", 7, at_s=2.0)
+    memory.forget_except({"a", "b"})  # a replica that left
+    memory.withdraw("gone", left)
+    back = memory.record("gone", "rev", 7, at_s=2.0)  # back under its id: a new log
+    memory.withdraw("gone", left)
+    memory.finish("gone", left)
+    assert memory.pending("gone", None, 2.0) == Pending(1, 7, frozenset({"rev"}))
+    with pytest.raises(ValueError, match="recorded for replica 'gone'; withdrawn or finished"):
+        memory.withdraw("a", back)  # a mark pairing it with another replica
+
+
+def test_withdrawing_or_ending_a_decision_twice_leaves_an_equal_one_alone() -> None:
+    """Entries were matched by value: a second withdraw of one decision removed another
+    request's equal one (same instant, revision and tokens: a burst), and withdrawing one
+    whose equal twin had ended made the ended one load again."""
+    memory = DecisionMemory(ttl_s=1.0)
+    first = memory.record("a", "rev", 10, at_s=0.0)
+    memory.record("a", "rev", 10, at_s=0.0)  # another request of the burst
+    memory.withdraw("a", first)
+    memory.withdraw("a", first)  # twice: the other stays
+    assert memory.pending("a", None, 0.5) == Pending(1, 10, frozenset({"rev"}))
+    ended = memory.record("a", "rev", 10, at_s=0.0)
+    memory.finish("a", ended)
+    memory.finish("a", ended)  # twice: the other is still load
+    assert memory.pending("a", None, 0.5) == Pending(1, 10, frozenset({"rev"}))
+    memory.withdraw("a", first)  # long withdrawn: the ended one stays ended
+    assert memory.pending("a", None, 0.5) == Pending(1, 10, frozenset({"rev"}))
+    assert memory.first_s("a") == 0.0
 
 
 def test_an_ended_decision_is_no_load_but_still_names_its_revision_until_it_lapses() -> None:
@@ -28,62 +59,71 @@ def test_an_ended_decision_is_no_load_but_still_names_its_revision_until_it_laps
     then: short requests back to back made an all but idle replica look saturated."""
     memory = DecisionMemory(ttl_s=1.0)
     short = memory.record("a", "rev", 10, at_s=0.0)
-    memory.record("a", "rev", 10, at_s=0.0)  # an equal one, still running
+    twin = memory.record("a", "rev", 10, at_s=0.0)  # an equal one, still running
     memory.record("a", "other", 4, at_s=0.1)
     memory.finish("a", short)
     assert memory.pending("a", None, 0.2) == Pending(2, 14, frozenset({"rev", "other"}))
-    memory.finish("a", short)  # the equal one ended too
+    memory.finish("a", twin)  # the equal one ended too
     assert memory.pending("a", None, 0.2) == Pending(1, 4, frozenset({"rev", "other"}))
-    memory.finish("a", short)  # no third: nothing more
+    memory.finish("a", short)  # again: nothing more
     assert memory.pending("a", None, 0.2) == Pending(1, 4, frozenset({"rev", "other"}))
     memory.withdraw("a", short)  # an ended one withdrawn: its tokens are not taken twice
     assert memory.pending("a", None, 0.2) == Pending(1, 4, frozenset({"rev", "other"}))
     assert memory.pending("a", 0.05, 0.2) == Pending(1, 4, frozenset({"other"}))  # a report
     assert memory.pending("a", None, 1.5) == NO_PENDING
     memory.finish("a", short)  # lapsed: a no-op
-    memory.finish("gone", short)
     assert memory.pending("a", None, 1.5) == NO_PENDING
 
 
-def test_random_records_ends_withdrawals_and_reports_keep_the_totals_of_a_recount() -> None:
-    """``finish`` asks a count kept beside the entries (it scanned them all): after any mix of
-    decisions, ends, withdrawals and lapses the totals equal a recount of what is kept."""
-    import random
-    from collections import Counter
+# one step of ``test_any_mix_of_...``: (op, index of a recorded decision, revision, tokens)
+_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["record", "finish", "withdraw", "report", "wait"]),
+        st.integers(0, 40),
+        st.sampled_from(["r1", "r2", None]),
+        st.sampled_from([4, 8]),
+    ),
+    max_size=120,
+)
 
-    rng = random.Random(0)
-    memory = DecisionMemory(ttl_s=5.0)
-    entries: list[tuple[float, str | None, int]] = []  # the reference: kept, in time order
-    ended: Counter[tuple[float, str | None, int]] = Counter()
-    report_s: float | None = None
-    for step in range(3000):
-        now = step * 0.01
-        op = rng.random()
-        if op < 0.4 or not entries:
-            # coarse times and few keys: equal entries are common
-            entry = (round(now, 1), rng.choice(["r1", "r2", None]), rng.choice([4, 8]))
-            assert memory.record("a", entry[1], entry[2], at_s=entry[0]) == entry
-            entries.append(entry)
-        elif op < 0.75:
-            entry = rng.choice(entries)
-            memory.finish("a", entry)
-            if entries.count(entry) > ended[entry]:
-                ended[entry] += 1
-        elif op < 0.9:
-            entry = rng.choice(entries)
-            memory.withdraw("a", entry)
-            entries.remove(entry)
-            if ended[entry]:
-                ended[entry] -= 1
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_STEPS)
+def test_any_mix_of_records_ends_withdrawals_repeats_and_lapses_keeps_a_recounts_totals(
+    steps: list[tuple[str, int, str | None, int]],
+) -> None:
+    """``finish`` and ``withdraw`` act on the one decision ``record`` returned, once: after
+    any mix of decisions (coarse times, few revisions: equal ones are common), ends and
+    withdrawals of any of them, repeated or after they lapsed, and reports, the totals equal a
+    recount of the decisions kept, each tracked by itself."""
+    memory = DecisionMemory(ttl_s=1.0)
+    made: list[tuple[Entry, float, str | None, int]] = []  # every decision, by its handle
+    state: dict[int, str] = {}  # index in ``made`` -> "load", "ended" or "gone"
+    now, report_s = 0.0, None
+    for op, pick, key, tokens in steps:
+        if op == "record" or not made:
+            made.append((memory.record("a", key, tokens, at_s=now), now, key, tokens))
+            state[len(made) - 1] = "load"
+        elif op == "finish":
+            i = pick % len(made)
+            memory.finish("a", made[i][0])
+            if state[i] == "load":
+                state[i] = "ended"
+        elif op == "withdraw":
+            i = pick % len(made)
+            memory.withdraw("a", made[i][0])
+            state[i] = "gone"
+        elif op == "report":
+            report_s = now
         else:
-            report_s = now - rng.random()
-        cutoff = max(now - 5.0, report_s if report_s is not None else -1.0)
-        while entries and entries[0][0] < cutoff:
-            gone = entries.pop(0)
-            if ended[gone]:
-                ended[gone] -= 1
+            now += 0.25
+        cutoff = max(now - 1.0, report_s if report_s is not None else -1.0)
+        for i, (_, at_s, _, _) in enumerate(made):
+            if at_s < cutoff:
+                state[i] = "gone"  # lapsed
+        kept = [i for i in state if state[i] != "gone"]
+        load = [i for i in kept if state[i] == "load"]
         got = memory.pending("a", report_s, now)
-        num_done = sum(ended.values())
-        tokens = sum(e[2] for e in entries) - sum(e[2] * n for e, n in ended.items())
-        keys = frozenset(e[1] for e in entries if e[1] is not None)
-        assert got == Pending(len(entries) - num_done, tokens, keys), step
+        keys = frozenset(made[i][2] for i in kept) - {None}
+        assert got == Pending(len(load), sum(made[i][3] for i in load), keys)
+        assert memory.first_s("a") == (made[kept[0]][1] if kept else None)

@@ -179,3 +179,40 @@ def test_a_check_of_our_own_is_told_in_its_own_words(
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["message"] == message
     assert not rig.engine.requests
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        (["hi", [5, 6]], "item 0 is text, item 1 token ids"),
+        ([[5, 6], "hi"], "item 1 is text, item 0 token ids"),
+        (["hi", 5], "item 0 is text, item 1 a token id"),
+        ([5, "hi"], "item 1 is text, item 0 a token id"),
+    ],
+)
+def test_a_batch_mixing_text_and_token_ids_is_refused_as_a_mix(
+    rig: Rig, prompt: list[object], message: str
+) -> None:
+    """It was refused for its text alone ("item 0 is a str; expected a token id >= 0", the
+    token-id member's error), as if text prompts were not taken (docs/benchmarks/vllmdiff.md)."""
+    reply = _post(rig, "/v1/completions", model="support", prompt=prompt)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "prompt"
+    assert error["message"] == (
+        f"prompt: mixes text and token ids ({message}); expected every item text, or every "
+        "item token ids"
+    )
+    assert not rig.engine.requests
+
+
+@pytest.mark.parametrize(("prompt", "shown"), [(["hi", None], "NoneType"), (["a", 1.5], "float")])
+def test_a_text_batch_with_an_item_that_is_not_text_names_that_item(
+    rig: Rig, prompt: list[object], shown: str
+) -> None:
+    """It was refused as "item 0 is a str; expected a token id >= 0", naming a good item."""
+    reply = _post(rig, "/v1/completions", model="support", prompt=prompt)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "prompt"
+    assert error["message"] == f"prompt: item 1 is a {shown}; expected text"

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, StrictBo
 
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.protocol.fields import (
+    MAX_TOKEN_IDS,
     RevisionInfo,
     SamplingFields,
     Text,
@@ -27,8 +28,18 @@ def _prompt_shape(value: object) -> object:
         return value
     first = value[0]
     if type(first) is int:
-        return _token_ids(value)
+        try:
+            return _token_ids(value)
+        except ValueError:
+            if len(value) <= MAX_TOKEN_IDS:
+                _refuse_a_mix(value)
+            raise
     _check_count(value, MAX_BATCH_PROMPTS, "prompts")
+    _refuse_a_mix(value)
+    if isinstance(first, str):
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ValueError(f"item {index} is a {type(item).__name__}; expected text")
     if isinstance(first, list):
         for index, item in enumerate(value):
             if not isinstance(item, list):
@@ -38,6 +49,25 @@ def _prompt_shape(value: object) -> object:
             except ValueError as exc:
                 raise ValueError(f"prompt {index} {exc}") from None
     return value
+
+
+def _refuse_a_mix(value: list[object]) -> None:
+    """A list holding both text and token ids (ids, or lists of them) is refused as a mix,
+    naming the first item of each. NOTE: it was refused for its text alone ("item 0 is a str;
+    expected a token id >= 0", the token-id member's error), which read as if text prompts
+    were not taken (docs/benchmarks/vllmdiff.md). vLLM refuses the mix too (a 400)."""
+    text = ids = None
+    for index, item in enumerate(value):
+        if text is None and isinstance(item, str):
+            text = index
+        elif ids is None and (type(item) is int or isinstance(item, list)):
+            ids = index
+        if text is not None and ids is not None:
+            what = "a token id" if type(value[ids]) is int else "token ids"
+            raise ValueError(
+                f"mixes text and token ids (item {text} is text, item {ids} {what}); expected "
+                "every item text, or every item token ids"
+            )
 
 
 # One prompt: text, or token ids; a batch: a list of either (one choice per prompt x n).
