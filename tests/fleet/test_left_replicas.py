@@ -4,6 +4,7 @@ change, a release's probe and the standing replay (docs/benchmarks/fleetdeath.md
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -28,14 +29,15 @@ from ray.serve.request_router import RequestRouter
 from loraplex.clock import ManualClock
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.tenant_shares import TenantSettings
-from loraplex.fleet import left_replicas
+from loraplex.engine.transport.messages import CacheCommand, UpdateTenants
+from loraplex.fleet import left_replicas, standing
 from loraplex.fleet.cache import FleetCache
 from loraplex.fleet.engine_client import FleetEngineClient
 from loraplex.fleet.left_replicas import LeftReplicas
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.ray_router import LoraplexRequestRouter
 from loraplex.fleet.release_env import FleetReleaseEnv
-from loraplex.fleet.wire import Accepted, RouteHint
+from loraplex.fleet.wire import Accepted, ReplicaLeftError, RouteHint
 from loraplex.release.traffic import ReleaseTraffic
 from loraplex.residency.ledger import Tier
 from loraplex.server.pin_owners import OwnedPins
@@ -147,3 +149,61 @@ def test_the_request_routers_drops_are_marked(monkeypatch: pytest.MonkeyPatch) -
     assert "b" in marked and "d" not in marked  # removed by the controller; d joined
     router.on_replica_actor_died(ids["c"])
     assert "c" in marked and "a" not in marked
+
+
+def test_the_standing_replay_stops_for_a_replica_that_left_and_says_so_once(
+    calls: FakeCalls,
+    link: FleetLink,
+    left: LeftReplicas,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(standing, "RETRY_S", 0.05)
+    cache = FleetCache(link)
+    polled_twice(link)
+
+    def reply(replica_id: str, command: CacheCommand) -> Any:
+        if replica_id == "b":  # dead: another replica refuses the call meant for it
+            if len(calls.commands_to("b")) > 1:  # the router drops it while the replay runs
+                left.mark("b", "a call to it found it dead")
+            raise ReplicaLeftError("engine replica b is not in rotation")
+        return None
+
+    calls.reply = reply
+    caplog.set_level(logging.INFO, logger="loraplex.fleet.standing")
+    cache.update_tenant_settings({"acme": TenantSettings(weight=2.0)})  # b misses it
+    wait_until(lambda: "nothing more is sent" in caplog.text, "the replay's end logged")
+    for _ in range(5):  # 0.05 s retries: several would have gone out by now
+        polled_twice(link)
+    to_b = calls.commands_to("b")
+    assert to_b == [UpdateTenants({"acme": TenantSettings(weight=2.0)})] * 2  # change, replay
+    records = [r for r in caplog.records if r.name == "loraplex.fleet.standing"]
+    assert [r.levelno for r in records] == [logging.INFO]  # once, and not a WARNING
+    assert "replica b left Ray Serve's request router" in records[0].getMessage()
+
+
+def test_a_replay_refused_for_a_replica_the_router_does_not_know_yet_is_info_and_retried(
+    calls: FakeCalls,
+    link: FleetLink,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(standing, "RETRY_S", 0.05)
+    cache = FleetCache(link)
+    polled_twice(link)
+    cache.update_tenant_settings({"acme": TenantSettings(weight=2.0)})
+    refusals = [2]
+
+    def reply(replica_id: str, command: CacheCommand) -> Any:
+        if replica_id == "c" and refusals[0]:  # new: the router does not offer it yet
+            refusals[0] -= 1
+            raise ReplicaLeftError("engine replica c is not in rotation")
+        return None
+
+    calls.reply = reply
+    caplog.set_level(logging.INFO, logger="loraplex.fleet.standing")
+    calls.board = [*calls.board, entry("c")]
+    wait_until(lambda: "has the standing cache state now" in caplog.text, "c brought in line")
+    records = [r for r in caplog.records if r.name == "loraplex.fleet.standing"]
+    assert [r.levelno for r in records] == [logging.INFO, logging.INFO]
+    assert "not yet in the ingress's request router" in records[0].getMessage()
