@@ -38,6 +38,9 @@ class BoardEntry:
     status: dict[str, Any]  # ``EngineReplica.status()``
     age_s: float  # seconds since it arrived
     stale_after_s: float = STALE_AFTER_S  # older than this: stale, out of rotation
+    # dropped by the request router of the process reading the board (``FleetLink``: it died
+    # or is stopping), out of rotation although its last report may still be fresh
+    left: bool = False
 
     @property
     def fresh(self) -> bool:
@@ -45,13 +48,18 @@ class BoardEntry:
 
     @property
     def healthy(self) -> bool:
-        """Reported recently and took requests then."""
-        return self.fresh and bool(self.status.get("healthy"))
+        """Reported recently, took requests then, and the request router still offers it."""
+        return self.fresh and not self.left and bool(self.status.get("healthy"))
 
     @property
     def down_reason(self) -> str | None:
         """Why the replica is out of rotation (a stale report, or what its engine said); None
         while it is healthy."""
+        if self.left:
+            return (
+                "left Ray Serve's request router: it died or is stopping (Ray Serve replaces "
+                f"one that died); dropped from the board after {FORGET_AFTER_S:g} s of silence"
+            )
         if not self.fresh:
             # NOTE: a replica that died reads the same until it is forgotten, beside the one Ray
             # Serve started in its place; "hung or unreachable" alone sent operators after it

@@ -14,11 +14,13 @@ import logging
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from loraplex.engine.transport.messages import CacheCommand
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.board import BoardEntry
+from loraplex.fleet.left_replicas import LEFT_REPLICAS, LeftReplicas
 
 _log = logging.getLogger(__name__)
 POLL_INTERVAL_S = 0.5  # how often the ingress reads the board
@@ -37,8 +39,16 @@ class ReplicaCalls(Protocol):
 class FleetLink:
     """The board as last read, and calls to chosen replicas (see the module docstring)."""
 
-    def __init__(self, calls: ReplicaCalls, poll_interval_s: float = POLL_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        calls: ReplicaCalls,
+        poll_interval_s: float = POLL_INTERVAL_S,
+        left: LeftReplicas = LEFT_REPLICAS,
+    ) -> None:
+        """``left``: the replicas this process's request router dropped (out of rotation here
+        at once, before the board marks them stale)."""
         self._calls = calls
+        self._left = left
         self._poll_interval_s = poll_interval_s
         self._entries: list[BoardEntry] = []
         self._polled = threading.Event()  # set once the board was read
@@ -53,11 +63,17 @@ class FleetLink:
         self._poller = self.submit(self._poll_forever())
 
     def entries(self) -> list[BoardEntry]:
-        """Every replica on the board at the last poll."""
-        return list(self._entries)
+        """Every replica on the board at the last poll; one the request router dropped since
+        (``left``) is out of rotation at once, for every reader of this view."""
+        return [replace(e, left=True) if e.replica_id in self._left else e for e in self._entries]
 
     def healthy_ids(self) -> list[str]:
-        return [e.replica_id for e in self._entries if e.healthy]
+        return [e.replica_id for e in self.entries() if e.healthy]
+
+    def has_left(self, replica_id: str) -> bool:
+        """Whether this process's request router dropped ``replica_id`` (it died or is
+        stopping; ``left_replicas``)."""
+        return replica_id in self._left
 
     def wait_polled(self, timeout_s: float) -> bool:
         """Whether the board has been read (within ``timeout_s``)."""

@@ -23,6 +23,10 @@ A call carrying ``RouteHint(target=...)`` (a cache call or a probe that must rea
 particular replica) goes to that replica only; ``RouteHint(avoid=...)`` leaves replicas out (a
 retry after a replica died), unless that would leave none.
 
+Every replica Ray Serve drops from this router (``update_replicas``, ``on_replica_actor_died``)
+is marked in ``left_replicas.LEFT_REPLICAS``, so the ingress's view of the board leaves it out at
+once rather than when its reports go stale.
+
 Every decision is counted by reason in ``routing.ROUTING_LOG`` (this process's), which the
 ingress's /metrics and ``/admin/fleet`` read. NOTE: Ray pickles this module by value into every
 process holding the handle: it defines nothing but the class, so everything the class uses is
@@ -36,11 +40,11 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from loraplex.clock import Clock, MonotonicClock
 from loraplex.engine.protocol import EngineRequest
-from loraplex.fleet import routing
+from loraplex.fleet import left_replicas, routing
 from loraplex.fleet import settings as fleet_settings
 from loraplex.fleet.wire import RouteHint
 from loraplex.router.config import RouterConfig
@@ -138,6 +142,18 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
 
         if not routing.UNADMITTED.counted(work.tenant, work.request_id, undo, finish):
             undo_locked()  # the request ended (its client left) before this ask ran
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        """Ray's update, and every replica it removed marked left (``left_replicas``)."""
+        before = [i.unique_id for i in self.curr_replicas]
+        super().update_replicas(replicas)
+        after = [r.replica_id.unique_id for r in replicas]
+        left_replicas.LEFT_REPLICAS.mark_dropped(before, after)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        """Ray's drop of a replica a call found dead, marked left (``left_replicas``)."""
+        super().on_replica_actor_died(replica_id)
+        left_replicas.LEFT_REPLICAS.mark(replica_id.unique_id, "a call to it found it dead")
 
     async def choose_replicas(
         self,

@@ -14,7 +14,9 @@ settings are replayed whole to a replica that has not acknowledged the latest of
 A replayed call that fails (for one, the ingress's request router may not know a new replica
 yet when the board already shows it: the call is then refused by another replica and never
 reaches it) is tried again ``RETRY_S`` later, doubling up to ``MAX_RETRY_S`` while it keeps
-failing (a load that cannot succeed), and logged once per replica until a replay succeeds.
+failing (a load that cannot succeed), and logged once per replica until a replay succeeds:
+at INFO when the request router refused it (``ReplicaLeftError``: a replica it does not offer
+yet, or one it dropped, which is out of rotation from then on and not tried again), else WARNING.
 
 A (re)started ingress starts from ``standing_restore.Restored`` (the registry's tenant settings,
 warm policies, release pins and operator pins) and, at its first poll with a healthy replica,
@@ -40,6 +42,7 @@ from loraplex.engine.transport.messages import CacheCommand, Pin, SetWarm, Unpin
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.standing_restore import PinKey, Restored, adopted_pins, reported_pins
+from loraplex.fleet.wire import ReplicaLeftError
 from loraplex.residency.ledger import Tier
 
 _log = logging.getLogger(__name__)
@@ -290,12 +293,14 @@ class FleetStanding:
         futures = [self._link.call(replica_id, command) for command in commands]
         remaining = [len(futures)]
         failures: list[str] = []
+        refused = [True]  # every failure was the request router's refusal (ReplicaLeftError)
 
         def done(command: CacheCommand, future: Future[Any]) -> None:
             with self._lock:
                 failed = _failed(future)
                 if failed:
                     failures.append(f"{command}: {_error_text(future)}")
+                    refused[0] = refused[0] and _refused(future)
                 if isinstance(command, Pin):
                     self._pinned(replica_id, (command.key, command.tier), ok=not failed)
                 elif isinstance(command, Unpin):
@@ -303,13 +308,16 @@ class FleetStanding:
                 remaining[0] -= 1
                 if remaining[0]:
                     return
-                self._finish(replica_id, version, failures)
+                self._finish(replica_id, version, failures, refused=refused[0])
 
         for command, future in zip(commands, futures, strict=True):
             future.add_done_callback(functools.partial(done, command))
 
-    def _finish(self, replica_id: str, version: int | None, failures: list[str]) -> None:
-        """A replica's replay ended (called under ``_lock``)."""
+    def _finish(
+        self, replica_id: str, version: int | None, failures: list[str], *, refused: bool
+    ) -> None:
+        """A replica's replay ended (called under ``_lock``); ``refused``: each failure was
+        the request router's refusal (``ReplicaLeftError``)."""
         self._busy.discard(replica_id)
         if not failures:
             if version is not None and self._synced.get(replica_id, -1) < version:
@@ -319,13 +327,29 @@ class FleetStanding:
             return
         failed = self._failures[replica_id] = self._failures.get(replica_id, 0) + 1
         self._retry_at[replica_id] = self._clock() + min(RETRY_S * 2 ** (failed - 1), MAX_RETRY_S)
-        if failed == 1:
+        if failed > 1:
+            return
+        if not refused:
             _log.warning(
                 "fleet: replaying the standing cache state on replica %s failed (tried again "
                 "from %g s later): %s",
                 replica_id,
                 RETRY_S,
                 "; ".join(failures),
+            )
+        elif self._link.has_left(replica_id):
+            # NOTE: out of rotation now (``left_replicas``): no replay is planned for it again
+            _log.info(
+                "fleet: replica %s left Ray Serve's request router (it died or is stopping) "
+                "before the standing cache state reached it; nothing more is sent to it",
+                replica_id,
+            )
+        else:
+            _log.info(
+                "fleet: replica %s is on the board but not yet in the ingress's request router "
+                "(it has just started); the standing cache state is sent again %g s later",
+                replica_id,
+                RETRY_S,
             )
 
 
@@ -341,6 +365,10 @@ def _keep_only(book: dict[str, Any], replica_ids: set[str]) -> None:
 
 def _failed(future: Future[Any]) -> bool:
     return future.cancelled() or future.exception() is not None
+
+
+def _refused(future: Future[Any]) -> bool:
+    return not future.cancelled() and isinstance(future.exception(), ReplicaLeftError)
 
 
 def _error_text(future: Future[Any]) -> str:

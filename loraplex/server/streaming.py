@@ -195,8 +195,8 @@ class StreamChoices:
         return entries > MAX_LOOP_LOGPROB_ENTRIES
 
     def event(self, slot: int, delta: TokenDelta) -> str | None:
+        """``delta``'s event (None: nothing to show); counted in ``usage`` once formatted."""
         first = slot not in self._last
-        self._last[slot] = delta
         text, entries = delta.text, list[TokenLogprob | None](delta.logprobs or ())
         echo = self._echo[slot // self._per_prompt] if self._echo and first else None
         num_prompt = 0
@@ -205,12 +205,14 @@ class StreamChoices:
             num_prompt = len(delta.prompt_logprobs or ())
             entries = [*(delta.prompt_logprobs or ()), *entries]
         if not (first or text or entries or delta.finish_reason is not None):
+            self._last[slot] = delta
             return None
         usage = _usage(delta.prompt_tokens, delta.completion_tokens) if self._continuous else None
         out = self.fmt.text(
             text, delta.finish_reason, index=slot, stop_reason=delta.stop_reason,
             logprobs=self._logprobs(slot, entries, echo, num_prompt), usage=usage,
         )  # fmt: skip
+        self._last[slot] = delta
         return out if echo is None else EchoEvent(out)  # bounded by the request, not the buffer
 
     def _logprobs(
@@ -236,8 +238,14 @@ class StreamChoices:
         )  # fmt: skip
         return out.model_dump()
 
+    @property
+    def forwarded(self) -> bool:
+        """Whether any delta was turned into an event (``usage`` counts those)."""
+        return bool(self._last)
+
     def usage(self) -> Usage:
-        """Every choice's tokens together, each prompt counted once (as vLLM)."""
+        """Every choice's tokens together, each prompt counted once (as vLLM), up to the last
+        delta formatted."""
         prompts = {slot // self._per_prompt: d.prompt_tokens for slot, d in self._last.items()}
         num_prompt = sum(prompts.values())
         num_completion = sum(d.completion_tokens for d in self._last.values())
@@ -263,8 +271,15 @@ async def sse_events(
 ) -> AsyncIterator[str]:
     """The event stream of one request, ``first`` being the delta already received. However
     it ends (done, failed, or cancelled because the client left), every sibling still running
-    is aborted. ``place``: one of the tenant's places on the pool, for a heavy event."""
+    is aborted. ``place``: one of the tenant's places on the pool, for a heavy event.
+
+    A stream that fails after its first event (its engine died, its fleet replica was lost)
+    ends with an error event and no ``[DONE]``; with ``include_usage`` a usage event for the
+    tokens forwarded so far comes just before it (on ``serve`` and a fleet's ingress alike).
+    NOTE: before, such a stream had no usage event, so the client could not tell from it how
+    many tokens it was counted (docs/benchmarks/fleetdeath.md)."""
     fmt = choices.fmt
+    usage_sent = False
     try:
         for opening in choices.opening(num_choices, first[1] if first else None):
             yield opening
@@ -279,9 +294,12 @@ async def sse_events(
                 yield event_text
             item = await anext(fanout, None)
         if include_usage:
+            usage_sent = True
             yield fmt.usage(choices.usage())
         yield DONE
     except Exception as exc:  # any failure is an error event, never a silently cut stream
+        if include_usage and not usage_sent and choices.forwarded:
+            yield fmt.usage(choices.usage())  # what was forwarded, read before the error
         # to_api_error logs a bug under an id; its event names the id and nothing else.
         yield event(to_api_error(exc, ErrorContext.TENANT).body())
     finally:

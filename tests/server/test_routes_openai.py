@@ -14,6 +14,7 @@ from loraplex.errors import (
     AdapterTooLargeError,
     CacheIntegrityError,
     CorruptArtifactError,
+    EngineUnavailableError,
     GenerationError,
     NoAdapterCacheError,
     PromptTooLongError,
@@ -276,6 +277,37 @@ def test_any_error_after_the_first_token_ends_the_stream_with_an_error_event(
     error = json.loads(lines[-1])["error"]
     assert error["code"] == code
     assert "secret" not in response.text
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_stream_cut_by_its_engine_gives_the_usage_forwarded_before_the_error(
+    rig: Rig, include_usage: bool, path: str
+) -> None:
+    """An engine (a fleet's replica) lost after the first token: with ``include_usage`` the
+    tokens forwarded so far are given in a usage event just before the error event (before,
+    none: the client could not tell what it was counted); without it, no usage, as vLLM."""
+    lost = EngineUnavailableError("the engine replica serving request x was lost")
+    rig.engine.mid_stream_errors["acme/triage@r1"] = lost
+    chat = path == "/v1/chat/completions"
+    prompt: dict[str, Any] = (
+        {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"}
+    )
+    options = {"include_usage": include_usage}
+    response = _post(rig, "acme", path, model="triage", stream=True, stream_options=options,
+                     max_tokens=8, **prompt)  # fmt: skip
+    lines = [
+        json.loads(line.removeprefix("data: ")) for line in response.text.split("\n\n") if line
+    ]
+    assert lines[-1]["error"]["code"] == "engine_unavailable"
+    usages = [line["usage"] for line in lines[:-1] if line.get("usage")]
+    if not include_usage:
+        assert usages == []
+        return
+    assert lines[-2]["choices"] == [] and usages == [lines[-2]["usage"]]  # just before the error
+    num_prompt = len(rig.engine.requests[-1].prompt_token_ids)
+    assert usages[0] == {"prompt_tokens": num_prompt, "completion_tokens": 1,
+                         "total_tokens": num_prompt + 1}  # fmt: skip
 
 
 @pytest.mark.parametrize("stream", [False, True])
