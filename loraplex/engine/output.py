@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loraplex.engine.protocol import FINISH_LENGTH, FINISH_STOP, TokenDelta
+from loraplex.engine.stop_scan import StopScan
 
 if TYPE_CHECKING:
     from loraplex.sampling import SamplingParams
@@ -200,6 +201,7 @@ class OutputTracker:
         # Length of the text before the ``min_tokens``-th token: a stop string must end past it.
         self._stop_floor = 0
         self._hold = StopHold(params.stop)
+        self._scan = StopScan(params.stop)
 
     def append(self, token: int, *, at_max_model_len: bool = False) -> TokenDelta:
         """Record ``token``; the delta says what to stream and whether the request is done."""
@@ -250,9 +252,7 @@ class OutputTracker:
     def _stop_match(self, text: str) -> tuple[int, str] | None:
         """The earliest stop string that ends past the ``min_tokens`` floor, and where it
         starts (the first listed wins a tie)."""
-        floor = self._stop_floor
-        found = ((text.find(s, max(0, floor - len(s) + 1)), s) for s in self.params.stop)
-        return min(((i, s) for i, s in found if i >= 0), key=lambda m: m[0], default=None)
+        return self._scan.match(text, self._stop_floor)
 
 
 class StopHold:

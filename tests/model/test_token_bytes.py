@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from loraplex.demo.assets import DemoAssets
 from loraplex.model.tokenizer import TextTokenizer
@@ -56,3 +56,35 @@ def test_sentencepiece_byte_fallback_tokens_are_their_byte(tmp_path: Path) -> No
     assert [tokenizer.token_text(t) for t in ids] == ["\ufffd"] * 4
     assert [tokenizer.token_bytes(t) for t in ids] == [bytes([b]) for b in "\U0001f600".encode()]
     assert tokenizer.token_bytes(257) == tokenizer.token_text(257).encode("utf-8")
+
+
+def _byte_level_tokenizer(tmp_path: Path, decoder: decoders.Decoder) -> TextTokenizer:
+    """A byte-level BPE of the 256 byte tokens alone, with ``decoder``."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    raw = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoder
+    raw.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({}))
+    return TextTokenizer(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "decoder",
+    [
+        # LFM2's tokenizer.json ships its ByteLevel decoder inside a Sequence
+        decoders.Sequence([decoders.ByteLevel()]),
+        decoders.Sequence([decoders.Sequence([decoders.ByteLevel()]), decoders.Strip(" ", 0, 0)]),
+        decoders.ByteLevel(),
+    ],
+    ids=["sequence", "nested", "whole"],
+)
+def test_a_byte_level_decoder_inside_a_sequence_gives_byte_tokens_their_byte(
+    tmp_path: Path, decoder: decoders.Decoder
+) -> None:
+    tokenizer = _byte_level_tokenizer(tmp_path, decoder)
+    ids = tokenizer.encode("a\U0001f600")
+    assert len(ids) == 5
+    assert [tokenizer.token_text(t) for t in ids[1:]] == ["\ufffd"] * 4
+    # NOTE: in a Sequence each showed U+FFFD's UTF-8, [239, 191, 189]
+    assert b"".join(tokenizer.token_bytes(t) for t in ids) == "a\U0001f600".encode()
